@@ -1,0 +1,43 @@
+"""Errors that carry their HTTP status; the app turns them into responses in one place."""
+
+
+class HTTPError(Exception):
+    """An error the client should see, with the HTTP status that describes it."""
+
+    status = 500
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(HTTPError):
+    status = 400
+
+
+class NotFound(HTTPError):
+    status = 404
+
+
+class NotAcceptable(HTTPError):
+    status = 406
+
+
+class PayloadTooLarge(HTTPError):
+    status = 413
+
+
+class UnsupportedMediaType(HTTPError):
+    status = 415
+
+
+class ServerError(HTTPError):
+    """The model or the server failed: not the client's fault."""
+
+    status = 500
+
+
+class Unavailable(HTTPError):
+    status = 503

@@ -1,0 +1,56 @@
+"""gunicorn configuration, as a Python module: `gunicorn -c python:smserve.gunicorn_conf`.
+
+Read once by the master. The master never imports torch: each worker loads the model
+after fork (CUDA cannot survive a fork).
+"""
+
+import os
+
+from smserve import hardware, logs
+from smserve.settings import Settings
+
+_settings = Settings.from_env()
+
+bind = f"0.0.0.0:{_settings.port}"
+worker_class = "gevent"
+workers = _settings.workers or hardware.default_workers()
+# Many slow clients per worker are cheap for gevent; inference is queued behind them.
+worker_connections = 1000
+# The arbiter kills a worker whose event loop is silent this long. The loop never runs
+# the model (that is the inference thread's job) so only a hung worker trips this; it
+# still must exceed the longest request a client may wait for.
+timeout = _settings.request_timeout
+graceful_timeout = _settings.graceful_timeout
+# Longer than the load balancer's idle timeout, so it never reuses a connection we closed.
+keepalive = 75
+preload_app = False
+wsgi_app = "smserve.app:create_app()"
+logconfig_dict = logs.config_dict(_settings.log_level, _settings.log_format)
+accesslog = "-"
+access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms'
+proc_name = "smserve"
+# A runtime control socket is one more writable path and, with several servers on one
+# host (tests, local runs), a shared one: nothing here needs it.
+control_socket_disable = True
+
+
+def pre_fork(server, worker):
+    # Give each worker the lowest index no live worker holds, so a restarted worker
+    # takes over its predecessor's GPU (worker i -> GPU i mod n).
+    taken = {getattr(w, "smserve_index", None) for w in server.WORKERS.values()}
+    worker.smserve_index = next(i for i in range(len(taken) + 1) if i not in taken)
+
+
+def post_fork(server, worker):
+    # The app factory reads the index to pick its device.
+    os.environ["SMSERVE_WORKER_INDEX"] = str(worker.smserve_index)
+    os.environ["SMSERVE_WORKERS"] = str(server.num_workers)
+
+
+def worker_exit(server, worker):
+    # Draining is gunicorn's: a worker reaches here after its in-flight requests ended.
+    server.log.info("worker %s (index %s) exited", worker.pid, getattr(worker, "smserve_index", "?"))
+
+
+def on_exit(server):
+    server.log.info("shutdown complete")

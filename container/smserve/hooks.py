@@ -1,0 +1,47 @@
+"""The SageMaker PyTorch inference hooks a model may bring in `code/inference.py`.
+
+`model_fn(model_dir)`, `input_fn(body, content_type)`, `predict_fn(data, model)`,
+`output_fn(prediction, accept)`: each one defined replaces that built-in step, as in
+the SageMaker PyTorch serving toolkit users already know.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn")
+CODE_DIR = "code"
+SCRIPT = "inference.py"
+
+
+@dataclass(frozen=True)
+class Hooks:
+    model_fn: Callable | None = None
+    input_fn: Callable | None = None
+    predict_fn: Callable | None = None
+    output_fn: Callable | None = None
+
+    @property
+    def handles_bytes(self) -> bool:
+        """The user's code turns bodies into data or data into bodies itself."""
+        return self.input_fn is not None or self.output_fn is not None
+
+
+def load_hooks(model_dir: str) -> Hooks:
+    path = os.path.join(model_dir, CODE_DIR, SCRIPT)
+    if not os.path.exists(path):
+        return Hooks()
+    code_dir = os.path.dirname(path)
+    # The script may import helper modules that sit beside it, as in SageMaker.
+    if code_dir not in sys.path:
+        sys.path.insert(0, code_dir)
+    spec = importlib.util.spec_from_file_location("inference", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["inference"] = module
+    spec.loader.exec_module(module)
+    found = {name: getattr(module, name) for name in HOOK_NAMES if callable(getattr(module, name, None))}
+    return Hooks(**found)

@@ -1,0 +1,162 @@
+"""Feeds the model from one real OS thread, batching requests that arrive together.
+
+HTTP I/O runs in gevent greenlets; a forward pass would stall them all, so every call
+into the model goes through a one-thread gevent ThreadPool. The batcher itself is a
+greenlet: requests queue up while a forward pass runs, and the next pass takes as many
+as fit in the model's max batch size, concatenated along dimension 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import gevent
+import numpy as np
+from gevent.event import AsyncResult
+from gevent.queue import Queue
+from gevent.threadpool import ThreadPool
+
+from .errors import BadRequest, HTTPError, ServerError
+
+log = logging.getLogger(__name__)
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass
+class _Pending:
+    inputs: Arrays
+    rows: int
+    result: AsyncResult = field(default_factory=AsyncResult)
+
+    def signature(self) -> tuple:
+        # Requests batch together only when everything but dimension 0 agrees.
+        return tuple((name, a.dtype.str, a.shape[1:]) for name, a in self.inputs.items())
+
+
+class Runner:
+    def __init__(self, max_batch_size: int = 0, max_delay_s: float = 0.0):
+        self.pool = ThreadPool(1)
+        self.max_batch_size = max_batch_size
+        self.max_delay_s = max_delay_s
+        self._predict: Callable[[Arrays], Arrays] | None = None
+        self._queue: Queue = Queue()
+        self._held: _Pending | None = None  # taken from the queue but did not fit the last batch
+        self._batcher = None
+
+    def call(self, fn: Callable, *args):
+        """Run fn on the inference thread; the calling greenlet waits, the loop does not."""
+        return self.pool.apply(fn, args)
+
+    def start(self, predict: Callable[[Arrays], Arrays], max_batch_size: int | None = None) -> None:
+        self._predict = _guarded(predict)
+        if max_batch_size is not None:
+            self.max_batch_size = max_batch_size
+        if self.max_batch_size > 0 and self._batcher is None:
+            self._batcher = gevent.spawn(self._batch_loop)
+
+    def infer(self, inputs: Arrays) -> Arrays:
+        """Named arrays in, named arrays out, batched with whatever else is waiting."""
+        if self._predict is None:
+            raise ServerError("model is not loaded")
+        if self.max_batch_size <= 0 or not inputs:
+            return self.call(self._predict, inputs)
+        rows = _rows(inputs)
+        # A request bigger than the model's max batch size runs as several passes.
+        chunks = [
+            _Pending({k: v[start : start + self.max_batch_size] for k, v in inputs.items()},
+                     min(self.max_batch_size, rows - start))
+            for start in range(0, max(rows, 1), self.max_batch_size)
+        ]
+        for chunk in chunks:
+            self._queue.put(chunk)
+        results = [chunk.result.get() for chunk in chunks]
+        if len(results) == 1:
+            return results[0]
+        return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
+
+    def _batch_loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            try:
+                self._run(batch)
+            except Exception:  # never let the batcher die: every waiter must get an answer
+                log.exception("batcher failed")
+                for item in batch:
+                    if not item.result.ready():
+                        item.result.set_exception(ServerError("inference failed"))
+
+    def _next_batch(self) -> list[_Pending]:
+        first = self._held or self._queue.get()
+        self._held = None
+        batch, rows, signature = [first], first.rows, first.signature()
+        deadline = time.monotonic() + self.max_delay_s
+        while rows < self.max_batch_size:
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except gevent.queue.Empty:
+                break
+            if rows + item.rows > self.max_batch_size or item.signature() != signature:
+                self._held = item
+                break
+            batch.append(item)
+            rows += item.rows
+        return batch
+
+    def _run(self, batch: list[_Pending]) -> None:
+        if len(batch) == 1:
+            self._run_alone(batch[0])
+            return
+        merged = {name: np.concatenate([item.inputs[name] for item in batch]) for name in batch[0].inputs}
+        try:
+            outputs = self.call(self._predict, merged)
+            parts = _split(outputs, [item.rows for item in batch])
+        except Exception as e:  # one request's input may have broken the pass: find it
+            log.warning("batched pass of %d requests failed (%s); running them one by one", len(batch), e)
+            for item in batch:
+                self._run_alone(item)
+            return
+        for item, part in zip(batch, parts):
+            item.result.set(part)
+
+    def _run_alone(self, item: _Pending) -> None:
+        try:
+            item.result.set(self.call(self._predict, item.inputs))
+        except HTTPError as e:
+            item.result.set_exception(e)
+
+
+def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
+    """The model's own exceptions become a 500 that carries their message."""
+
+    def run(inputs: Arrays) -> Arrays:
+        try:
+            return predict(inputs)
+        except HTTPError:
+            raise
+        except Exception as e:
+            log.exception("model failed")
+            raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
+
+    return run
+
+
+def _rows(inputs: Arrays) -> int:
+    counts = {a.shape[0] if a.ndim else 1 for a in inputs.values()}
+    if len(counts) != 1:
+        raise BadRequest(f"inputs disagree on the batch dimension: {sorted(counts)}")
+    return counts.pop()
+
+
+def _split(outputs: Arrays, rows: list[int]) -> list[Arrays]:
+    total = sum(rows)
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != total:
+            raise ValueError(f"output {name!r} has shape {list(array.shape)}, not {total} rows")
+    bounds = np.cumsum(rows)[:-1]
+    per_output = {name: np.split(array, bounds) for name, array in outputs.items()}
+    return [{name: parts[i] for name, parts in per_output.items()} for i in range(len(rows))]

@@ -1,0 +1,187 @@
+"""Every setting the server reads, from the environment, into one frozen object.
+
+`Settings.from_env()` is called once by `serve` (so a bad value stops the container
+before gunicorn starts, with a message naming the variable) and once in each worker.
+Nothing else reads os.environ.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Callable, Mapping
+
+DEFAULT_MODEL_DIR = "/opt/ml/model"
+MEDIA_TYPES = ("application/json", "text/csv", "application/jsonlines", "application/x-npy")
+BATCH_STRATEGIES = ("SINGLE_RECORD", "MULTI_RECORD")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# SageMaker's own bound on MaxConcurrentTransforms x MaxPayloadInMB for a job.
+MAX_TRANSFORM_BUDGET_MB = 100
+MB = 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the server cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    port: int = 8080
+    # None: one per GPU, or one on a CPU host (resolved in the worker count, not here,
+    # because the master must not initialise CUDA).
+    workers: int | None = None
+    # Seconds a request may take; also how long gunicorn waits for a silent worker.
+    timeout: int = 60
+    graceful_timeout: int = 25
+    default_accept: str = "application/json"
+    model_dir: str = DEFAULT_MODEL_DIR
+    batch: bool = False
+    batch_strategy: str = "MULTI_RECORD"
+    # None: not set by the job; /execution-parameters derives a value.
+    max_payload_mb: int | None = None
+    max_concurrent_transforms: int | None = None
+    # Real-time request body limit (SageMaker's own real-time cap is lower, so the
+    # container is never the one to refuse a request SageMaker accepted).
+    max_request_mb: int = 100
+    # Dynamic batching: most samples in one forward pass (None: the model's
+    # max_batch_size) and how long the first request of a batch may wait for company.
+    max_batch_size: int | None = None
+    max_batch_delay_ms: float = 0.0
+    torch_threads: int | None = None
+    device: str = "auto"
+    log_level: str = "info"
+    log_format: str = "text"
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body accepted: the job's payload cap in batch mode."""
+        if self.batch:
+            return (self.max_payload_mb or 6) * MB
+        return self.max_request_mb * MB
+
+    @property
+    def request_timeout(self) -> int:
+        # Batch jobs may set InvocationsTimeoutInSeconds up to 3600 s.
+        return max(self.timeout, 3600) if self.batch else self.timeout
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        values = {}
+        for name, (variable, parse) in _VARIABLES.items():
+            raw = env.get(variable)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                values[name] = parse(raw.strip())
+            except (ValueError, TypeError) as e:
+                raise SettingsError(f"{variable}={raw!r}: {e}") from None
+        return cls(**values)
+
+    def as_env(self) -> dict[str, str]:
+        """The environment that reproduces these settings (for child processes)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or f.name not in _VARIABLES:
+                continue
+            variable, _ = _VARIABLES[f.name]
+            out[variable] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        return out
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("must be a positive integer") from None
+    if value < 1:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _port(raw: str) -> int:
+    value = _positive_int(raw)
+    if value > 65535:
+        raise ValueError("must be a TCP port (1-65535)")
+    return value
+
+
+def _non_negative_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("must be a number >= 0") from None
+    if not value >= 0:  # also rejects nan
+        raise ValueError("must be a number >= 0")
+    return value
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _one_of(choices: tuple[str, ...], *, upper: bool = False) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.upper() if upper else raw.lower()
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _media_type(raw: str) -> str:
+    value = raw.split(";")[0].strip().lower()
+    if value not in MEDIA_TYPES:
+        raise ValueError(f"must be one of {', '.join(MEDIA_TYPES)}")
+    return value
+
+
+def _directory(raw: str) -> str:
+    return os.path.abspath(raw)
+
+
+def _payload_mb(raw: str) -> int:
+    value = _positive_int(raw)
+    if value > MAX_TRANSFORM_BUDGET_MB:
+        raise ValueError(f"must be at most {MAX_TRANSFORM_BUDGET_MB} (SageMaker's limit)")
+    return value
+
+
+def _device(raw: str) -> str:
+    value = raw.lower()
+    if value in ("auto", "cpu", "cuda"):
+        return value
+    raise ValueError("must be auto, cpu or cuda")
+
+
+PREFIX = "SMSERVE_"
+# field -> (environment variable, parser). The README's settings table lists these.
+_VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
+    "port": ("SAGEMAKER_BIND_TO_PORT", _port),
+    "workers": ("SAGEMAKER_MODEL_SERVER_WORKERS", _positive_int),
+    "timeout": ("SAGEMAKER_MODEL_SERVER_TIMEOUT", _positive_int),
+    "default_accept": ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", _media_type),
+    "model_dir": ("SM_MODEL_DIR", _directory),
+    "batch": ("SAGEMAKER_BATCH", _bool),
+    "batch_strategy": ("SAGEMAKER_BATCH_STRATEGY", _one_of(BATCH_STRATEGIES, upper=True)),
+    "max_payload_mb": ("SAGEMAKER_MAX_PAYLOAD_IN_MB", _payload_mb),
+    "max_concurrent_transforms": ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", _positive_int),
+    "graceful_timeout": (PREFIX + "GRACEFUL_TIMEOUT", _positive_int),
+    "max_request_mb": (PREFIX + "MAX_REQUEST_MB", _positive_int),
+    "max_batch_size": (PREFIX + "MAX_BATCH_SIZE", _positive_int),
+    "max_batch_delay_ms": (PREFIX + "MAX_BATCH_DELAY_MS", _non_negative_float),
+    "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),
+    "device": (PREFIX + "DEVICE", _device),
+    "log_level": (PREFIX + "LOG_LEVEL", _one_of(LOG_LEVELS)),
+    "log_format": (PREFIX + "LOG_FORMAT", _one_of(LOG_FORMATS)),
+}
+
+VARIABLES = {field: variable for field, (variable, _) in _VARIABLES.items()}
