@@ -134,9 +134,8 @@ def load(model_dir: str, device: torch.device) -> LoadedModel:
     hooks = load_hooks(model_dir)
     metadata = ModelMetadata.load(model_dir)
     if hooks.model_fn is not None:
+        # As in SageMaker's toolkit, model_fn owns its model's device and mode.
         model = hooks.model_fn(model_dir)
-        if isinstance(model, torch.nn.Module):
-            model = model.to(device).eval()
         platform = "pytorch_custom"
     elif os.path.exists(os.path.join(model_dir, EXPORTED)):
         program = torch.export.load(os.path.join(model_dir, EXPORTED))

@@ -1,0 +1,1 @@
+# Lets tests and scripts import the local helpers: `from local_test import batch_transform`.

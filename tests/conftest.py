@@ -1,0 +1,61 @@
+"""Fixtures shared by every test folder: the example model and real server processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serverproc import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
+
+
+@pytest.fixture(scope="session")
+def example_model_dir() -> Path:
+    if not (EXAMPLE_MODEL / "metadata.json").exists():
+        # `make test` builds it first; a bare `pytest` builds it here.
+        subprocess.run([sys.executable, "-m", "model.train", "--out", str(EXAMPLE_MODEL.parent)], cwd=ROOT, check=True)
+    return EXAMPLE_MODEL
+
+
+@pytest.fixture(scope="session")
+def digits():
+    """The held-out split the example model was scored on: (x_test, y_test)."""
+    from model.train import load_split
+
+    _, x_test, _, y_test = load_split()
+    return x_test, y_test
+
+
+@pytest.fixture
+def make_server(tmp_path):
+    """Start real servers with a model dir and extra environment; stopped after the test."""
+    started: list[ServerProcess] = []
+
+    def make(model_dir, env: dict[str, str] | None = None, wait: bool = True) -> ServerProcess:
+        server = ServerProcess(model_dir, env, log_path=tmp_path / f"server-{len(started)}.log")
+        started.append(server)
+        return server.start(wait=wait)
+
+    yield make
+    for server in started:
+        server.terminate()
+
+
+@pytest.fixture(scope="module")
+def example_server(example_model_dir, tmp_path_factory):
+    """One real gunicorn serving the example model, shared by a test module."""
+    server = ServerProcess(example_model_dir, log_path=tmp_path_factory.mktemp("server") / "server.log")
+    with server.start():
+        yield server
+
+
+@pytest.fixture
+def model_copy(tmp_path, example_model_dir):
+    """make(inference_py=None, name='model') -> a copy of the example model, with hooks."""
+
+    def make(inference_py: str | None = None, name: str = "model") -> Path:
+        return copy_model(example_model_dir, tmp_path / name, inference_py)
+
+    return make
