@@ -11,9 +11,11 @@ import logging
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from . import simple
-from .errors import HTTPError, NotAcceptable, PayloadTooLarge, UnsupportedMediaType
-from .server import ModelServer, worker_slot_from_env
+from . import __version__, simple, v2
+from .errors import BadRequest, HTTPError, NotAcceptable, NotFound, PayloadTooLarge, UnsupportedMediaType
+from .inference import InferenceRequest
+from .metadata import ModelMetadata
+from .server import READY, ModelServer, worker_slot_from_env
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,34 +54,117 @@ def create_app(settings: Settings | None = None, server: ModelServer | None = No
     def invocations():
         return _invocations(server, settings)
 
+    _v2_routes(app, server)
     _register_errors(app)
     return app
 
 
 def _invocations(server: ModelServer, settings: Settings) -> Response:
+    """The protocol is chosen by Content-Type: SageMaker's binary v2 form, v2 JSON or
+    binary, or one of the simple types."""
     content_type = request.headers.get("Content-Type", "")
     kind = simple.media_type(content_type)
-    body = request.get_data(cache=False)
-    if kind not in simple.MEDIA_TYPES:
+    header_length = v2.sagemaker_header_length(content_type, request.content_length or 0)
+    if header_length is None and kind == "application/octet-stream":
+        # Without the header, octet-stream is a raw binary tensor (header length 0).
+        header_length = v2.header_length_from_header(request.headers.get(v2.HEADER_LENGTH_HEADER),
+                                                      request.content_length or 0) or 0
+    elif header_length is None and kind == simple.JSON and v2.HEADER_LENGTH_HEADER in request.headers:
+        header_length = v2.header_length_from_header(request.headers[v2.HEADER_LENGTH_HEADER],
+                                                     request.content_length or 0)
+    elif header_length is None and kind not in simple.MEDIA_TYPES:
         raise UnsupportedMediaType(
             f"unsupported Content-Type {content_type!r}; send one of: " + ", ".join(SUPPORTED_REQUEST_TYPES)
         )
+    body = request.get_data(cache=False)
     server.check_ready()
+    if header_length is not None:
+        return _v2_infer(server, v2.decode_request(body, header_length, server.metadata), sagemaker=True)
     if server.uses_byte_hooks:
-        accept = request.headers.get("Accept") or settings.default_accept
-        if accept.strip() == "*/*":
-            accept = settings.default_accept
-        payload, media = server.infer_with_hooks(
-            body, content_type, accept,
-            decode=lambda: simple.decode(body, content_type, server.metadata),
-            encode=lambda outputs: simple.encode(outputs, _negotiate(settings.default_accept), _batched(server)),
-        )
-        return Response(payload, content_type=media)
+        return _infer_with_hooks(server, settings, body, content_type)
+    if kind == simple.JSON:
+        if not body:
+            raise BadRequest("request body is empty")
+        try:
+            document = simple.parse_json(body)
+        except BadRequest as e:
+            raise BadRequest(
+                f"{e.message} (if binary tensors follow a JSON header, give the header's length in "
+                f"'{v2.SAGEMAKER_BINARY_CONTENT_TYPE}N' or the {v2.HEADER_LENGTH_HEADER} header)"
+            ) from None
+        if v2.is_v2_document(document):
+            return _v2_infer(server, v2.decode_json_request(document, server.metadata), sagemaker=True)
+        inputs = simple.decode_json(document, server.metadata)
+    else:
+        inputs = simple.decode(body, content_type, server.metadata)
     accept = _negotiate(settings.default_accept)
-    inputs = simple.decode(body, content_type, server.metadata)
-    outputs = server.infer(inputs)
-    payload, media = simple.encode(outputs, accept, _batched(server))
+    payload, media = simple.encode(server.infer(inputs), accept, _batched(server))
     return Response(payload, content_type=media)
+
+
+def _infer_with_hooks(server: ModelServer, settings: Settings, body: bytes, content_type: str) -> Response:
+    # The user's output_fn may speak types we do not, so its Accept is passed through.
+    accept = request.headers.get("Accept") or settings.default_accept
+    if accept.strip() == "*/*":
+        accept = settings.default_accept
+    payload, media = server.infer_with_hooks(
+        body, content_type, accept,
+        decode=lambda: simple.decode(body, content_type, server.metadata),
+        encode=lambda outputs: simple.encode(outputs, _negotiate(settings.default_accept), _batched(server)),
+    )
+    return Response(payload, content_type=media)
+
+
+def _v2_infer(server: ModelServer, inference: InferenceRequest, sagemaker: bool) -> Response:
+    results = server.infer(inference.inputs)
+    payload, header_length = v2.encode_response(v2.build_response(inference, results, server.metadata))
+    return Response(payload, headers=v2.response_headers(header_length, sagemaker))
+
+
+def _v2_routes(app: Flask, server: ModelServer) -> None:
+    """KServe v2 REST, so tritonclient.http.InferenceServerClient works unmodified."""
+
+    def model_metadata(model: str, version: str | None) -> ModelMetadata:
+        metadata = server.metadata
+        if model != metadata.name:
+            raise NotFound(f"Request for unknown model: '{model}' is not found")
+        if version not in (None, "", metadata.version):
+            raise NotFound(f"Request for unknown model: '{model}' version {version} is not found")
+        return metadata
+
+    @app.get("/v2")
+    def server_metadata():
+        return _json({"name": "smserve", "version": __version__, "extensions": ["binary_tensor_data", "classification"]})
+
+    @app.get("/v2/health/live")
+    def live():
+        return Response(status=200)
+
+    @app.get("/v2/health/ready")
+    def ready():
+        return Response(status=200 if server.status == READY else 400)
+
+    @app.get("/v2/models/<model>")
+    @app.get("/v2/models/<model>/versions/<version>")
+    def metadata(model: str, version: str | None = None):
+        return _json(model_metadata(model, version).to_v2())
+
+    @app.get("/v2/models/<model>/ready")
+    @app.get("/v2/models/<model>/versions/<version>/ready")
+    def model_ready(model: str, version: str | None = None):
+        if server.status != READY:
+            raise BadRequest("Model version not ready")
+        model_metadata(model, version)
+        return Response(status=200)
+
+    @app.post("/v2/models/<model>/infer")
+    @app.post("/v2/models/<model>/versions/<version>/infer")
+    def infer(model: str, version: str | None = None):
+        metadata = model_metadata(model, version)
+        header_length = v2.header_length_from_header(request.headers.get(v2.HEADER_LENGTH_HEADER),
+                                                     request.content_length or 0)
+        body = request.get_data(cache=False)
+        return _v2_infer(server, v2.decode_request(body, header_length, metadata), sagemaker=False)
 
 
 def _batched(server: ModelServer) -> bool:

@@ -56,6 +56,8 @@ class LoadedModel:
     def predict_data(self, data):
         if self.hooks.predict_fn is not None:
             return self.hooks.predict_fn(data, self.model)
+        if any(not isinstance(t, torch.Tensor) for t in (data.values() if isinstance(data, dict) else [data])):
+            raise BadRequest("this model takes numeric tensors; BYTES inputs need a predict_fn in code/inference.py")
         with torch.inference_mode():
             if isinstance(data, dict):
                 return self.model(*data.values())
@@ -70,10 +72,10 @@ class LoadedModel:
         ordered = [spec.name for spec in self.metadata.inputs if spec.name in tensors]
         return {name: tensors[name] for name in ordered + [n for n in tensors if n not in ordered]}
 
-    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+    def _tensor(self, array: np.ndarray) -> torch.Tensor | np.ndarray:
         if array.dtype == object:
-            raise BadRequest("this model takes numeric tensors; BYTES inputs need a predict_fn in code/inference.py")
-        if not array.flags.writeable:
+            return array  # BYTES has no tensor form: a predict_fn gets the numpy array of bytes
+        if not array.flags.writeable or not array.flags.aligned:
             # Views on the request body are read-only; torch wants memory it may write.
             array = array.copy()
         with warnings.catch_warnings():

@@ -50,7 +50,7 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata) -> dict[str,
     if not body:
         raise BadRequest("request body is empty")
     if kind == JSON:
-        return shape_inputs(_records_from_json(_parse_json(body)), metadata)
+        return decode_json(parse_json(body), metadata)
     if kind == CSV:
         return shape_inputs(_records_from_csv(body), metadata)
     if kind == JSONLINES:
@@ -60,11 +60,12 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata) -> dict[str,
     raise ValueError(f"not a simple content type: {content_type}")
 
 
-def parse_json(body: bytes):
-    return _parse_json(body)
+def decode_json(document, metadata: ModelMetadata) -> dict[str, np.ndarray]:
+    """An already-parsed JSON body -> named input arrays."""
+    return shape_inputs(_records_from_json(document), metadata)
 
 
-def _parse_json(body: bytes, where: str = "request body"):
+def parse_json(body: bytes, where: str = "request body"):
     try:
         return json.loads(body)
     except UnicodeDecodeError:
@@ -73,10 +74,6 @@ def _parse_json(body: bytes, where: str = "request body"):
         raise BadRequest(f"{where}: JSON nesting is too deep") from None
     except json.JSONDecodeError as e:
         raise BadRequest(f"{where} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-
-
-def records_from_json(document) -> object:
-    return _records_from_json(document)
 
 
 def _records_from_json(document):
@@ -141,7 +138,7 @@ def _records_from_csv(body: bytes) -> np.ndarray:
 def _records_from_jsonlines(body: bytes) -> list:
     records = []
     for number, line in enumerate(_lines(body), start=1):
-        record = _parse_json(line.encode("utf-8"), where=f"JSON Lines line {number}")
+        record = parse_json(line.encode("utf-8"), where=f"JSON Lines line {number}")
         if isinstance(record, dict):
             key = next((k for k in RECORD_KEYS if k in record), None)
             if key is None:

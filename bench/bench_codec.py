@@ -1,0 +1,118 @@
+"""How much the KServe v2 codec costs next to just copying the tensor's bytes.
+
+Decoding a binary request should cost nothing (the input is a view on the body);
+encoding a binary response should cost about one copy (the tensor's bytes go into the
+body once). JSON is shown for scale: it is the slow path the binary extension avoids.
+
+    .venv/bin/python bench/bench_codec.py [--mib 64] [--json-mib 4] [--repeat 5]
+
+Prints one table; ratios are within this run, on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "container"))
+
+from smserve import v2  # noqa: E402
+from smserve.metadata import ModelMetadata, TensorSpec  # noqa: E402
+
+MODEL = ModelMetadata(
+    name="bench",
+    inputs=(TensorSpec("x", "FP32", (-1,)),),
+    outputs=(TensorSpec("y", "FP32", (-1,)),),
+)
+
+
+def best(fn, repeat: int) -> float:
+    """Fastest of `repeat` runs, in seconds: the least disturbed by the rest of the machine."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def binary_request(array: np.ndarray) -> tuple[bytes, int]:
+    header = json.dumps(
+        {
+            "inputs": [{"name": "x", "shape": list(array.shape), "datatype": "FP32",
+                        "parameters": {"binary_data_size": array.nbytes}}],
+            "parameters": {"binary_data_output": True},
+        },
+        separators=(",", ":"),
+    ).encode()
+    return header + array.tobytes(), len(header)
+
+
+def json_request(array: np.ndarray) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": "x", "shape": list(array.shape), "datatype": "FP32", "data": array.tolist()}]},
+        separators=(",", ":"),
+    ).encode()
+
+
+def round_trip(body: bytes, header_length: int | None) -> bytes:
+    request = v2.decode_request(body, header_length, MODEL)
+    response = v2.build_response(request, {"y": request.inputs["x"]}, MODEL)
+    return v2.encode_response(response)[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=64, help="binary tensor size in MiB (default 64)")
+    parser.add_argument("--json-mib", type=int, default=4, help="JSON tensor size in MiB (default 4; scaled up)")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    mib = 1 << 20
+    rng = np.random.default_rng(0)
+    tensor = rng.random(args.mib * mib // 4, dtype=np.float32)
+    body, header_length = binary_request(tensor)
+    request = v2.decode_request(body, header_length, MODEL)
+    response = v2.build_response(request, {"y": tensor}, MODEL)
+    # Sanity: what we time really decodes and encodes this tensor.
+    assert np.array_equal(request.inputs["x"], tensor)
+    encoded, encoded_header = v2.encode_response(response)
+    assert encoded[encoded_header:] == tensor.tobytes()
+
+    copy = best(lambda: bytearray(body), args.repeat)
+    decode = best(lambda: v2.decode_request(body, header_length, MODEL), args.repeat)
+    encode = best(lambda: v2.encode_response(v2.build_response(request, {"y": tensor}, MODEL)), args.repeat)
+    binary_trip = best(lambda: round_trip(body, header_length), args.repeat)
+
+    json_tensor = tensor[: args.json_mib * mib // 4]
+    json_body = json_request(json_tensor)
+    json_repeat = max(1, min(args.repeat, 3))
+    json_trip = best(lambda: round_trip(json_body, None), json_repeat)
+    scale = tensor.nbytes / json_tensor.nbytes
+    json_scaled = json_trip * scale
+
+    def row(what: str, size: str, seconds: float, ratio: str) -> str:
+        return f"| {what:<46} | {size:>14} | {seconds * 1e3:>11.3f} | {ratio:>16} |"
+
+    print(f"KServe v2 codec, FP32 tensor of {args.mib} MiB, best of {args.repeat} (numpy {np.__version__})")
+    print(f"| {'operation':<46} | {'tensor':>14} | {'time (ms)':>11} | {'ratio':>16} |")
+    print(f"|{'-' * 48}|{'-' * 16}|{'-' * 13}|{'-' * 18}|")
+    print(row("plain copy of the request body (bytearray)", f"{args.mib} MiB", copy, "1.00 x copy"))
+    print(row("decode_request, binary (view on the body)", f"{args.mib} MiB", decode, f"{decode / copy:.4f} x copy"))
+    print(row("build_response + encode_response, binary", f"{args.mib} MiB", encode, f"{encode / copy:.2f} x copy"))
+    print(row("decode + encode, binary", f"{args.mib} MiB", binary_trip, f"{binary_trip / copy:.2f} x copy"))
+    print(row("decode + encode, JSON (measured)", f"{args.json_mib} MiB", json_trip, ""))
+    print(row(f"decode + encode, JSON (scaled x{scale:g} to {args.mib} MiB)", f"{args.mib} MiB", json_scaled,
+              f"{json_scaled / binary_trip:.0f} x binary"))
+    print(f"JSON was measured on the first {args.json_mib} MiB of the tensor ({json_tensor.size} floats, "
+          f"{len(json_body) / mib:.1f} MiB of JSON) and scaled linearly by {scale:g}; a {args.mib} MiB JSON "
+          "round trip takes too long to repeat.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+import pytest
+
+from smserve.settings import MB, Settings, SettingsError
+
+
+def test_defaults():
+    s = Settings.from_env({})
+    assert s.port == 8080 and s.workers is None and s.graceful_timeout == 25
+    assert s.model_dir == "/opt/ml/model" and s.batch is False
+    assert s.default_accept == "application/json"
+    assert s.max_body_bytes == 100 * MB
+
+
+def test_values_are_read_and_typed():
+    s = Settings.from_env({
+        "SAGEMAKER_BIND_TO_PORT": "9000", "SAGEMAKER_MODEL_SERVER_WORKERS": "3",
+        "SAGEMAKER_BATCH": "TRUE", "SAGEMAKER_BATCH_STRATEGY": "single_record",
+        "SAGEMAKER_MAX_PAYLOAD_IN_MB": "20", "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": "text/csv; charset=utf-8",
+        "SMSERVE_MAX_BATCH_DELAY_MS": "2.5", "SM_MODEL_DIR": "relative/dir",
+    })
+    assert (s.port, s.workers, s.batch, s.batch_strategy) == (9000, 3, True, "SINGLE_RECORD")
+    assert s.max_body_bytes == 20 * MB
+    assert s.default_accept == "text/csv"
+    assert s.max_batch_delay_ms == 2.5
+    assert s.model_dir.endswith("/relative/dir")
+
+
+def test_batch_mode_defaults_to_a_6_mb_payload_and_long_timeout():
+    s = Settings.from_env({"SAGEMAKER_BATCH": "true"})
+    assert s.max_body_bytes == 6 * MB
+    assert s.request_timeout >= 3600
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("SAGEMAKER_MODEL_SERVER_WORKERS", "zero"),
+    ("SAGEMAKER_MODEL_SERVER_WORKERS", "0"),
+    ("SAGEMAKER_BIND_TO_PORT", "70000"),
+    ("SAGEMAKER_BATCH", "maybe"),
+    ("SAGEMAKER_BATCH_STRATEGY", "EVERYTHING"),
+    ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "101"),
+    ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "-5"),
+    ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "image/png"),
+    ("SMSERVE_MAX_BATCH_DELAY_MS", "nan"),
+    ("SMSERVE_DEVICE", "tpu"),
+    ("SMSERVE_LOG_FORMAT", "xml"),
+])
+def test_an_invalid_value_names_its_variable(variable, value):
+    with pytest.raises(SettingsError) as raised:
+        Settings.from_env({variable: value})
+    assert str(raised.value).startswith(variable)
+
+
+def test_as_env_round_trips():
+    s = Settings.from_env({"SAGEMAKER_BATCH": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "2", "SMSERVE_LOG_FORMAT": "json"})
+    assert Settings.from_env(s.as_env()) == s
