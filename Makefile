@@ -31,5 +31,53 @@ serve: install model
 test: install model
 	$(PY) -m pytest
 
+# Speed is measured here, as ratios within one run, never asserted in tests.
+bench: install model
+	$(PY) bench/bench_codec.py
+	$(PY) bench/bench_batch.py
+
 clean:
 	rm -rf build
+
+
+# ---- SageMaker deployment (python -m deploy; see README "Deploying to SageMaker") ----
+# Needs AWS credentials and a region in the environment, and an execution role:
+#   make push deploy ROLE=arn:aws:iam::123456789012:role/SageMakerExecution
+# Each step is idempotent: rerunning one changes nothing that is already in place.
+IMAGE ?= sagemaker-pytorch-byoc:latest
+ENDPOINT ?= smserve-digits
+SM_MODEL_NAME ?= $(ENDPOINT)
+INSTANCE_TYPE ?= ml.m5.xlarge
+INSTANCE_COUNT ?= 1
+ROLE ?= $(SAGEMAKER_ROLE_ARN)
+# push writes the digest URI here, so deploy gives SageMaker exactly what was pushed.
+IMAGE_URI ?= $(shell cat build/image-uri 2>/dev/null)
+DEPLOY := $(PY) -m deploy
+
+.PHONY: push deploy invoke teardown test-deploy
+
+push: install
+	@mkdir -p build
+	$(DEPLOY) push $(IMAGE) > build/image-uri.tmp && mv build/image-uri.tmp build/image-uri
+	@cat build/image-uri
+
+deploy: install model
+	@test -n "$(IMAGE_URI)" || { echo "no image URI: run 'make push' first or pass IMAGE_URI=repo@sha256:..." >&2; exit 1; }
+	$(DEPLOY) package $(MODEL_DIR) --create-bucket > build/model-uri
+	$(DEPLOY) create-model --model-name $(SM_MODEL_NAME) --image $(IMAGE_URI) --model-data $$(cat build/model-uri) $(if $(ROLE),--role $(ROLE))
+	$(DEPLOY) create-endpoint --endpoint-name $(ENDPOINT) --model-name $(SM_MODEL_NAME) \
+		--instance-type $(INSTANCE_TYPE) --instance-count $(INSTANCE_COUNT)
+
+# Four digits from scikit-learn's set, sent in the binary v2 form; prints the probabilities.
+invoke: install
+	@mkdir -p build
+	$(PY) -c "import numpy as np; from sklearn.datasets import load_digits; np.save('build/digits-sample.npy', load_digits().data[:4].astype('float32'))"
+	$(DEPLOY) invoke --endpoint-name $(ENDPOINT) --array build/digits-sample.npy \
+		--content-type application/vnd.sagemaker-triton.binary+json --input-name pixels
+
+teardown: install
+	$(DEPLOY) teardown --endpoint-name $(ENDPOINT)
+
+# The deploy tool against a local moto server (no AWS account needed).
+test-deploy: install
+	$(PY) -m pytest tests/deploy

@@ -1,0 +1,132 @@
+"""transform: a batch transform job over S3 data with the same image as the endpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+
+from deploy.aws import Aws, DeployError, say, wait_with_progress
+from deploy.endpoint import _describe, is_gpu_instance
+
+# The newest batch AMI the API documents (NVIDIA driver 535, CUDA 12.2): the CUDA 12.8
+# image runs on it through CUDA minor-version compatibility; 470 is CUDA 11 and cannot.
+DEFAULT_GPU_TRANSFORM_AMI = "al2-ami-sagemaker-batch-gpu-535"
+
+# The container's names for SageMaker's BatchStrategy values (SAGEMAKER_BATCH_STRATEGY).
+_STRATEGY_ENV = {"MultiRecord": "MULTI_RECORD", "SingleRecord": "SINGLE_RECORD"}
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    model_name: str
+    input_uri: str
+    output_uri: str
+    content_type: str = "text/csv"
+    accept: str | None = None
+    split_type: str = "Line"
+    batch_strategy: str = "MultiRecord"
+    assemble_with: str = "Line"
+    max_payload_mb: int = 6
+    # None lets SageMaker ask the container (GET /execution-parameters).
+    max_concurrent_transforms: int | None = None
+    invocations_timeout: int = 600
+    # A batch that failed for its content fails again; one retry covers a dropped connection.
+    invocations_max_retries: int = 1
+    join_source: str | None = None  # "Input" joins each output line to its input record
+    input_filter: str | None = None
+    output_filter: str | None = None
+    instance_type: str = "ml.m5.xlarge"
+    instance_count: int = 1
+    ami_version: str | None = None  # TransformAmiVersion; GPU instance types only
+
+    def job_name(self) -> str:
+        """Job names are single-use in SageMaker; hashing the spec makes a rerun find its job."""
+        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        base = re.sub(r"[^a-zA-Z0-9-]", "-", self.model_name)[:52].strip("-")
+        return f"{base}-{digest}"
+
+    def request(self, job_name: str) -> dict:
+        for uri in (self.input_uri, self.output_uri):
+            if not uri.startswith("s3://"):
+                raise DeployError(f"transform input and output must be s3:// URIs, got {uri!r}")
+        output = {"S3OutputPath": self.output_uri, "AssembleWith": self.assemble_with, "Accept": self.accept or self.content_type}
+        request = {
+            "TransformJobName": job_name,
+            "ModelName": self.model_name,
+            "BatchStrategy": self.batch_strategy,
+            "MaxPayloadInMB": self.max_payload_mb,
+            "ModelClientConfig": {
+                "InvocationsTimeoutInSeconds": self.invocations_timeout,
+                "InvocationsMaxRetries": self.invocations_max_retries,
+            },
+            # The container reads its batch limits from these, so they match the job's.
+            "Environment": {
+                "SAGEMAKER_BATCH": "true",
+                "SAGEMAKER_BATCH_STRATEGY": _STRATEGY_ENV[self.batch_strategy],
+                "SAGEMAKER_MAX_PAYLOAD_IN_MB": str(self.max_payload_mb),
+            },
+            "TransformInput": {
+                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": self.input_uri}},
+                "ContentType": self.content_type,
+                "SplitType": self.split_type,
+            },
+            "TransformOutput": output,
+            "TransformResources": {"InstanceType": self.instance_type, "InstanceCount": self.instance_count},
+        }
+        if is_gpu_instance(self.instance_type):
+            request["TransformResources"]["TransformAmiVersion"] = self.ami_version or DEFAULT_GPU_TRANSFORM_AMI
+        elif self.ami_version:
+            raise DeployError(f"--transform-ami-version applies to GPU instance types (ml.g*/ml.p*), not {self.instance_type}")
+        if self.max_concurrent_transforms is not None:
+            request["MaxConcurrentTransforms"] = self.max_concurrent_transforms
+            request["Environment"]["SAGEMAKER_MAX_CONCURRENT_TRANSFORMS"] = str(self.max_concurrent_transforms)
+        processing = {
+            key: value
+            for key, value in (("JoinSource", self.join_source), ("InputFilter", self.input_filter), ("OutputFilter", self.output_filter))
+            if value
+        }
+        if processing:
+            request["DataProcessing"] = processing
+        return request
+
+
+def transform(aws: Aws, spec: TransformSpec, job_name: str | None, wait: bool, poll_seconds: float, max_wait_seconds: float) -> str:
+    """Start (or find) the job, wait for it, and return its S3 output path."""
+    sagemaker = aws.client("sagemaker")
+    job_name = job_name or spec.job_name()
+    request = spec.request(job_name)  # checks the arguments before anything is created
+    existing = _describe(sagemaker.describe_transform_job, TransformJobName=job_name)
+    if existing is None:
+        if _describe(sagemaker.describe_model, ModelName=spec.model_name) is None:
+            raise DeployError(f"model {spec.model_name} does not exist; run create-model first")
+        say(f"creating transform job {job_name}")
+        sagemaker.create_transform_job(**request)
+    else:
+        say(f"transform job {job_name} exists ({existing['TransformJobStatus']})")
+    output = spec.output_uri
+    if wait:
+        try:
+            final = _wait(sagemaker, job_name, poll_seconds, max_wait_seconds)
+        except DeployError as error:
+            if "is Failed" in str(error):
+                # The default name is derived from the settings, so the same command finds this job again.
+                raise DeployError(f"{error} (after fixing it, rerun with a new --job-name)") from None
+            raise
+        if final["TransformJobStatus"] == "Stopped":
+            raise DeployError(f"transform job {job_name} was stopped before it completed")
+        output = final["TransformOutput"]["S3OutputPath"]
+    return output
+
+
+def _wait(sagemaker, job_name: str, poll_seconds: float, max_wait_seconds: float) -> dict:
+    return wait_with_progress(
+        sagemaker.get_waiter("transform_job_completed_or_stopped"),
+        lambda: sagemaker.describe_transform_job(TransformJobName=job_name),
+        f"transform job {job_name}",
+        "TransformJobStatus",
+        poll_seconds,
+        max_wait_seconds,
+        TransformJobName=job_name,
+    )

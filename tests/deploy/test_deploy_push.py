@@ -1,0 +1,137 @@
+"""push against moto's ECR, with the container engine behind a recording runner.
+
+What is real here: the ECR repository creation, the authorization token and the
+describe_images digest lookup, all over HTTP against moto; the exact engine command
+lines and the password on stdin. What is not: no engine runs and no registry receives
+layers (moto serves ECR's API, not the Docker registry protocol). The runner stands in
+for `docker push` by doing what a push leaves behind in ECR: it uploads a layer and
+puts the manifest through ECR's own API, so the digest the tool prints comes from ECR.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+
+from deploy.push import Completed
+from tests.deploy.support import ACCOUNT, REGION
+
+REGISTRY = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com"
+
+
+class Engine:
+    """Answers engine commands the way docker/podman would, and records them."""
+
+    def __init__(self, boto, answering=("docker", "podman"), local_images=("sagemaker-pytorch-byoc:latest",), push_fails=False):
+        self.boto = boto
+        self.answering = set(answering)
+        self.local_images = set(local_images)
+        self.push_fails = push_fails
+        self.calls: list[tuple[list[str], bytes | None]] = []
+        self.tags: dict[str, str] = {}
+
+    def __call__(self, argv, input=None):
+        argv = list(argv)
+        self.calls.append((argv, input))
+        engine, verb, *rest = argv
+        if engine not in self.answering:
+            return Completed(1, "", f"Cannot connect to the {engine} daemon")
+        if verb == "info":
+            return Completed(0, "ok", "")
+        if verb == "image" and rest[0] == "inspect":
+            return Completed(0 if rest[1] in self.local_images else 1, "", "" if rest[1] in self.local_images else f"Error: No such image: {rest[1]}")
+        if verb == "login":
+            return Completed(0, "Login Succeeded", "")
+        if verb == "tag":
+            self.tags[rest[1]] = rest[0]
+            return Completed(0, "", "")
+        if verb == "push":
+            if self.push_fails:
+                return Completed(1, "", "denied: Your authorization token has expired. Reauthenticate and try again.")
+            return self._registry_receives(rest[0])
+        return Completed(125, "", f"unexpected command {argv}")
+
+    def _registry_receives(self, target: str) -> Completed:
+        repository_uri, tag = target.rsplit(":", 1)
+        repository = repository_uri.split("/", 1)[1]
+        ecr = self.boto("ecr")
+        layer = f"layer of {self.tags[target]}".encode()
+        upload = ecr.initiate_layer_upload(repositoryName=repository)["uploadId"]
+        ecr.upload_layer_part(repositoryName=repository, uploadId=upload, partFirstByte=0, partLastByte=len(layer) - 1, layerPartBlob=layer)
+        layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+        ecr.complete_layer_upload(repositoryName=repository, uploadId=upload, layerDigests=[layer_digest])
+        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                    "layers": [{"digest": layer_digest, "size": len(layer)}]}
+        try:
+            ecr.put_image(repositoryName=repository, imageManifest=json.dumps(manifest), imageTag=tag)
+        except ecr.exceptions.ImageAlreadyExistsException:
+            pass  # a registry takes an identical push again without complaint
+        return Completed(0, f"{tag}: digest: pushed", "")
+
+
+def test_push_creates_repository_logs_in_tags_pushes_and_prints_the_digest(aws_env, boto, cli):
+    engine = Engine(boto)
+    status, out, err = cli("push", "sagemaker-pytorch-byoc:latest", "--repository", "digits", "--tag", "v3", runner=engine)
+    assert status == 0, err
+
+    ecr = boto("ecr")
+    [repository] = ecr.describe_repositories()["repositories"]
+    assert repository["repositoryName"] == "digits"
+    [image] = ecr.describe_images(repositoryName="digits")["imageDetails"]
+    assert out.strip() == f"{REGISTRY}/digits@{image['imageDigest']}"
+    assert image["imageDigest"].startswith("sha256:") and image["imageTags"] == ["v3"]
+
+    token = ecr.get_authorization_token()["authorizationData"][0]["authorizationToken"]
+    user, password = base64.b64decode(token).decode().split(":", 1)
+    assert engine.calls == [
+        (["docker", "info"], None),
+        (["docker", "image", "inspect", "sagemaker-pytorch-byoc:latest"], None),
+        (["docker", "login", "--username", user, "--password-stdin", REGISTRY], password.encode()),
+        (["docker", "tag", "sagemaker-pytorch-byoc:latest", f"{REGISTRY}/digits:v3"], None),
+        (["docker", "push", f"{REGISTRY}/digits:v3"], None),
+    ]
+    assert all(password not in " ".join(argv) for argv, _ in engine.calls)
+
+    # Again: the repository exists already, the same digest comes back.
+    status, again, err = cli("push", "sagemaker-pytorch-byoc:latest", "--repository", "digits", "--tag", "v3", runner=engine)
+    assert status == 0, err
+    assert again == out
+    assert len(ecr.describe_repositories()["repositories"]) == 1
+
+
+def test_push_falls_back_to_podman_and_names_the_repository_after_the_image(aws_env, boto, cli):
+    engine = Engine(boto, answering=("podman",), local_images=("localhost/sagemaker-pytorch-byoc:dev",))
+    status, out, err = cli("push", "localhost/sagemaker-pytorch-byoc:dev", runner=engine)
+    assert status == 0, err
+    assert out.startswith(f"{REGISTRY}/sagemaker-pytorch-byoc@sha256:")
+    assert [argv[:2] for argv, _ in engine.calls] == [
+        ["docker", "info"], ["podman", "info"], ["podman", "image"], ["podman", "login"], ["podman", "tag"], ["podman", "push"]]
+    assert engine.calls[-1][0] == ["podman", "push", f"{REGISTRY}/sagemaker-pytorch-byoc:dev"]
+
+
+def test_engine_option_skips_the_probe(aws_env, boto, cli):
+    engine = Engine(boto, answering=("podman",))
+    status, _, err = cli("push", "sagemaker-pytorch-byoc:latest", "--engine", "podman", runner=engine)
+    assert status == 0, err
+    assert engine.calls[0][0] == ["podman", "image", "inspect", "sagemaker-pytorch-byoc:latest"]
+
+
+@pytest.mark.parametrize(
+    ("engine_kwargs", "argv", "message"),
+    [
+        ({"answering": ()}, ["push", "sagemaker-pytorch-byoc:latest"], "error: no container engine answers"),
+        ({}, ["push", "not-built:latest"], "error: image not-built:latest not found by docker"),
+        ({"push_fails": True}, ["push", "sagemaker-pytorch-byoc:latest"], "error: docker push"),
+    ],
+)
+def test_push_failures_are_one_line(aws_env, boto, cli, engine_kwargs, argv, message):
+    status, out, err = cli(*argv, runner=Engine(boto, **engine_kwargs))
+    assert status == 1
+    assert out == ""
+    # Progress may come before it; the failure itself is the last line, and the only error.
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith(message), err
+    assert err.count("error:") == 1, err
