@@ -33,8 +33,7 @@ SUPPORTED_REQUEST_TYPES = (
 def create_app(settings: Settings | None = None, server: ModelServer | None = None) -> Flask:
     settings = settings or Settings.from_env()
     if server is None:
-        index, workers = worker_slot_from_env()
-        server = ModelServer(settings, worker_index=index, workers=workers)
+        server = ModelServer(settings, **worker_slot_from_env())
         server.start()
     app = Flask("smserve")
     # Werkzeug refuses a larger body with 413 from Content-Length, before reading it.
@@ -43,7 +42,7 @@ def create_app(settings: Settings | None = None, server: ModelServer | None = No
 
     @app.get("/ping")
     def ping():
-        server.check_ready()
+        server.check_all_ready()
         return Response(status=200)
 
     @app.get("/execution-parameters")
@@ -142,7 +141,11 @@ def _v2_routes(app: Flask, server: ModelServer) -> None:
 
     @app.get("/v2/health/ready")
     def ready():
-        return Response(status=200 if server.status == READY else 400)
+        try:
+            server.check_all_ready()
+        except HTTPError:
+            return Response(status=400)
+        return Response(status=200)
 
     @app.get("/v2/models/<model>")
     @app.get("/v2/models/<model>/versions/<version>")

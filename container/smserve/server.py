@@ -5,6 +5,7 @@ No Flask here: the routes call these methods and turn their exceptions into resp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import traceback
@@ -27,10 +28,14 @@ DEFAULT_PAYLOAD_MB = 6
 
 
 class ModelServer:
-    def __init__(self, settings: Settings, worker_index: int = 0, workers: int | None = None):
+    def __init__(self, settings: Settings, worker_index: int = 0, workers: int | None = None,
+                 state_dir: str | None = None):
         self.settings = settings
         self.worker_index = worker_index
         self.workers = workers or settings.workers or hardware.default_workers()
+        # Where workers leave a ready marker, so /ping on any worker can tell whether
+        # all of them are ready (SageMaker sends traffic as soon as one ping is 200).
+        self.state_dir = state_dir
         self.runner = Runner(max_delay_s=settings.max_batch_delay_ms / 1000.0)
         self.status = LOADING
         self.error: str | None = None
@@ -41,7 +46,14 @@ class ModelServer:
     def start(self) -> None:
         """Load in the background: /ping answers 503 meanwhile, and gunicorn's
         heartbeat keeps running however long a large model takes."""
+        if self.state_dir:
+            # A restarted worker must not inherit its predecessor's readiness.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._marker(self.worker_index))
         gevent.spawn(self._load)
+
+    def _marker(self, index: int) -> str:
+        return os.path.join(self.state_dir, f"worker-{index}.ready")
 
     def _load(self) -> None:
         try:
@@ -56,6 +68,8 @@ class ModelServer:
             max_batch = 0  # the model takes whole tensors; never concatenate requests
         self.runner.start(self.model.predict, max_batch)
         self.status = READY
+        if self.state_dir:
+            open(self._marker(self.worker_index), "w").close()
         log.info("worker %d ready: model %r on %s, max batch %d",
                  self.worker_index, self.model.metadata.name, self.model.device, max_batch)
 
@@ -75,6 +89,15 @@ class ModelServer:
         if self.status == FAILED:
             raise ServerError(f"model failed to load: {self.error}")
         raise Unavailable("model is loading")
+
+    def check_all_ready(self) -> None:
+        """This worker and every other one have loaded their model."""
+        self.check_ready()
+        if not self.state_dir:
+            return
+        loading = [i for i in range(self.workers) if not os.path.exists(self._marker(i))]
+        if loading:
+            raise Unavailable(f"model is loading in worker(s) {', '.join(map(str, loading))} of {self.workers}")
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -142,7 +165,12 @@ class ModelServer:
         }
 
 
-def worker_slot_from_env() -> tuple[int, int | None]:
-    """(this worker's index, how many workers), set by gunicorn's post_fork hook."""
+def worker_slot_from_env() -> dict:
+    """This worker's index, the worker count and the shared state folder: set by
+    `serve` and gunicorn's post_fork hook, not by users."""
     workers = os.environ.get("SMSERVE_WORKERS")
-    return int(os.environ.get("SMSERVE_WORKER_INDEX", "0")), int(workers) if workers else None
+    return {
+        "worker_index": int(os.environ.get("SMSERVE_WORKER_INDEX", "0")),
+        "workers": int(workers) if workers else None,
+        "state_dir": os.environ.get("SMSERVE_STATE_DIR"),
+    }
