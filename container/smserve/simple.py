@@ -257,23 +257,53 @@ def _matches(shape: tuple, expected: list[int]) -> bool:
 
 def encode(outputs: dict[str, np.ndarray], accept: str, batched: bool = True) -> tuple[bytes, str]:
     """Named output arrays -> (body, content type) in the negotiated media type."""
+    single = next(iter(outputs.values())) if len(outputs) == 1 else None
     if accept == JSON:
+        if single is not None:
+            return b'{"predictions":' + _json_text(single).encode() + b"}", JSON
         return _json_bytes({"predictions": _json_value(outputs, batched)}), JSON
     if accept == NPY:
-        if len(outputs) != 1:
+        if single is None:
             raise NotAcceptable(
                 f"application/x-npy holds one array and this model returns {len(outputs)}; "
                 "ask for application/json"
             )
         buffer = io.BytesIO()
-        np.save(buffer, next(iter(outputs.values())), allow_pickle=False)
+        np.save(buffer, single, allow_pickle=False)
         return buffer.getvalue(), NPY
     if accept in (CSV, JSONLINES):
-        rows = _records(outputs)
+        if single is not None and single.ndim >= 1 and _has_short_text(single):
+            # One record a row: the common case, formatted without a Python float per value.
+            tokens = single.reshape(len(single), -1).astype(str) if accept == CSV else single
+            if accept == CSV:
+                return "".join(",".join(row) + "\n" for row in tokens.tolist()).encode(), CSV
+            return "".join(_json_text(record) + "\n" for record in tokens).encode(), JSONLINES
         if accept == CSV:
-            return "".join(",".join(map(_csv_cell, row)) + "\n" for row in rows).encode(), CSV
+            return "".join(",".join(map(_csv_cell, row)) + "\n" for row in _records(outputs)).encode(), CSV
         return b"".join(_json_bytes(row) + b"\n" for row in _jsonlines_records(outputs)), JSONLINES
     raise NotAcceptable(f"cannot produce {accept}; supported: {', '.join(MEDIA_TYPES)}")
+
+
+def _has_short_text(array: np.ndarray) -> bool:
+    """numpy writes these dtypes as valid JSON/CSV numbers, float32 with its shortest
+    round-trip digits (0.1, not 0.10000000149011612)."""
+    if array.dtype.kind in "iu":
+        return True
+    return array.dtype.kind == "f" and bool(np.isfinite(array).all())
+
+
+def _json_text(array: np.ndarray) -> str:
+    if not _has_short_text(array):
+        return json.dumps(_tolist(array), separators=(",", ":"), allow_nan=True)
+    return _nested(array.astype(str))
+
+
+def _nested(tokens: np.ndarray) -> str:
+    if tokens.ndim == 0:
+        return str(tokens)
+    if tokens.ndim == 1:
+        return "[" + ",".join(tokens.tolist()) + "]"
+    return "[" + ",".join(_nested(t) for t in tokens) + "]"
 
 
 def _json_bytes(value) -> bytes:
