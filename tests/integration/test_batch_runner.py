@@ -9,12 +9,8 @@ model's own held-out split, so the accuracy the model build reported is the bar.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +18,7 @@ import pytest
 import requests
 
 from model.train import load_split
+from serverproc import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "build" / "model"
@@ -29,55 +26,17 @@ RUNNER = ROOT / "local_test" / "batch_transform.py"
 SERVER_PAYLOAD_MB = 1  # small, so a 413 is cheap to provoke
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    if not (MODEL_DIR / "metrics.json").exists():
-        pytest.fail(f"{MODEL_DIR} has no model: run `make model` first")
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    env = dict(
-        os.environ,
-        SM_MODEL_DIR=str(MODEL_DIR),
-        SAGEMAKER_BIND_TO_PORT=str(port),
-        SAGEMAKER_BATCH="true",
-        SAGEMAKER_BATCH_STRATEGY="MULTI_RECORD",
-        SAGEMAKER_MAX_PAYLOAD_IN_MB=str(SERVER_PAYLOAD_MB),
-        SAGEMAKER_MAX_CONCURRENT_TRANSFORMS="4",
-    )
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, str(ROOT / "container" / "serve"), "serve"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if requests.get(url + "/ping", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"/ping not 200 within 120 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.25)
-        yield url
-    finally:
-        # SIGTERM is what SageMaker sends; gunicorn finishes in-flight work and exits.
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def server(example_model_dir, tmp_path_factory):
+    env = {
+        "SAGEMAKER_BATCH": "true",
+        "SAGEMAKER_BATCH_STRATEGY": "MULTI_RECORD",
+        "SAGEMAKER_MAX_PAYLOAD_IN_MB": str(SERVER_PAYLOAD_MB),
+        "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "4",
+    }
+    # Stopped with SIGTERM, as SageMaker stops it.
+    with ServerProcess(example_model_dir, env, log_path=tmp_path_factory.mktemp("server") / "server.log") as process:
+        yield process.url
 
 
 @pytest.fixture(scope="module")
