@@ -20,6 +20,7 @@ from .settings import Settings
 
 log = logging.getLogger(__name__)
 
+OCTET_STREAM = "application/octet-stream"
 SUPPORTED_REQUEST_TYPES = (
     "application/json (simple or KServe v2)",
     "text/csv",
@@ -63,20 +64,13 @@ def _invocations(server: ModelServer, settings: Settings) -> Response:
     binary, or one of the simple types."""
     content_type = request.headers.get("Content-Type", "")
     kind = simple.media_type(content_type)
-    header_length = v2.sagemaker_header_length(content_type, request.content_length or 0)
-    if header_length is None and kind == "application/octet-stream":
-        # Without the header, octet-stream is a raw binary tensor (header length 0).
-        header_length = v2.header_length_from_header(request.headers.get(v2.HEADER_LENGTH_HEADER),
-                                                      request.content_length or 0) or 0
-    elif header_length is None and kind == simple.JSON and v2.HEADER_LENGTH_HEADER in request.headers:
-        header_length = v2.header_length_from_header(request.headers[v2.HEADER_LENGTH_HEADER],
-                                                     request.content_length or 0)
-    elif header_length is None and kind not in simple.MEDIA_TYPES:
+    if kind not in simple.MEDIA_TYPES + (OCTET_STREAM,) and v2.SAGEMAKER_BINARY_CONTENT_TYPE not in content_type:
         raise UnsupportedMediaType(
             f"unsupported Content-Type {content_type!r}; send one of: " + ", ".join(SUPPORTED_REQUEST_TYPES)
         )
     body = request.get_data(cache=False)
     server.check_ready()
+    header_length = _v2_header_length(content_type, kind, len(body))
     if header_length is not None:
         return _v2_infer(server, v2.decode_request(body, header_length, server.metadata), sagemaker=True)
     if server.uses_byte_hooks:
@@ -99,6 +93,22 @@ def _invocations(server: ModelServer, settings: Settings) -> Response:
     accept = _negotiate(settings.default_accept)
     payload, media = simple.encode(server.infer(inputs), accept, _batched(server))
     return Response(payload, content_type=media)
+
+
+def _v2_header_length(content_type: str, kind: str, size: int) -> int | None:
+    """Where a v2 request's JSON header ends (0: raw binary), or None when the body is
+    whole JSON or a simple type. Measured against the body read, since a chunked
+    request has no Content-Length."""
+    found = v2.sagemaker_header_length(content_type, size)
+    if found is not None:
+        return found
+    header = request.headers.get(v2.HEADER_LENGTH_HEADER)
+    if kind == OCTET_STREAM:
+        # Without the header, octet-stream is the one input's raw bytes.
+        return v2.header_length_from_header(header, size) or 0
+    if kind == simple.JSON and header is not None:
+        return v2.header_length_from_header(header, size)
+    return None
 
 
 def _infer_with_hooks(server: ModelServer, settings: Settings, body: bytes, content_type: str) -> Response:
@@ -164,9 +174,8 @@ def _v2_routes(app: Flask, server: ModelServer) -> None:
     @app.post("/v2/models/<model>/versions/<version>/infer")
     def infer(model: str, version: str | None = None):
         metadata = model_metadata(model, version)
-        header_length = v2.header_length_from_header(request.headers.get(v2.HEADER_LENGTH_HEADER),
-                                                     request.content_length or 0)
         body = request.get_data(cache=False)
+        header_length = v2.header_length_from_header(request.headers.get(v2.HEADER_LENGTH_HEADER), len(body))
         return _v2_infer(server, v2.decode_request(body, header_length, metadata), sagemaker=False)
 
 

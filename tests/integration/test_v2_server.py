@@ -282,3 +282,15 @@ def test_huge_declared_shape_with_a_tiny_body_is_400(example_server):
                              headers={"Content-Type": SAGEMAKER_CT + str(len(header))})
     assert response.status_code == 400
     assert "pixels" in response.json()["error"]
+
+
+def test_chunked_binary_request_without_content_length(example_server, digits):
+    x, y = digits
+    body, json_size = _digits_request(x)
+    # A generator makes requests send Transfer-Encoding: chunked, with no Content-Length.
+    response = requests.post(example_server.url + "/invocations", data=(body[i:i + 100] for i in range(0, len(body), 100)),
+                             headers={"Content-Type": SAGEMAKER_CT + str(json_size)})
+    assert response.status_code == 200, response.text
+    header_length = int(response.headers["Content-Type"][len(SAGEMAKER_CT):])
+    result = InferenceServerClient.parse_response_body(response.content, header_length=header_length)
+    assert result.as_numpy("probabilities").argmax() == y[0]
