@@ -12,7 +12,8 @@ from smserve.settings import Settings
 _settings = Settings.from_env()
 
 bind = f"0.0.0.0:{_settings.port}"
-worker_class = "gevent"
+# gevent, less its subprocess patch, and closing kept-alive connections on SIGTERM.
+worker_class = "smserve.worker.GeventModelWorker"
 workers = _settings.workers or hardware.default_workers()
 # Many slow clients per worker are cheap for gevent; inference is queued behind them.
 worker_connections = 1000

@@ -306,3 +306,29 @@ def test_an_invalid_setting_stops_serve_naming_the_variable(example_model_dir, v
     result = subprocess.run([sys.executable, str(SERVE), "serve"], capture_output=True, text=True, env=env, timeout=30)
     assert result.returncode != 0
     assert variable in result.stderr
+
+
+SUBPROCESS_MODEL_FN = '''
+import ctypes.util
+import os
+import subprocess
+import sys
+
+import torch
+
+
+def model_fn(model_dir):
+    # What CUDA builds of torch do on import (ldconfig via find_library), on the
+    # inference thread, away from gevent's loop.
+    ctypes.util.find_library("dl")
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return torch.export.load(os.path.join(model_dir, "model.pt2")).module()
+'''
+
+
+def test_model_code_may_start_processes_while_loading(make_server, model_copy, digits):
+    server = make_server(model_copy(SUBPROCESS_MODEL_FN))
+    x, y = digits
+    response = requests.post(server.url + "/invocations", json={"instances": x[:5].tolist()})
+    assert response.status_code == 200, response.text
+    assert (np.argmax(response.json()["predictions"], axis=1) == y[:5]).all()

@@ -27,12 +27,18 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(make_server, model_c
     responses: list[requests.Response | Exception] = []
 
     def invoke(i: int) -> None:
+        # A session keeps its connection alive after the response, as SageMaker's front
+        # end does: the worker must still exit without waiting for the graceful timeout.
+        session = sessions[i]
         try:
-            responses.append(requests.post(server.url + "/invocations", json={"instances": x[i : i + 1].tolist()},
-                                           timeout=30))
+            responses.append(session.post(server.url + "/invocations", json={"instances": x[i : i + 1].tolist()},
+                                          timeout=30))
         except Exception as e:  # noqa: BLE001 - recorded and asserted on below
             responses.append(e)
 
+    sessions = [requests.Session() for _ in range(IN_FLIGHT)]
+    for session in sessions:  # open the kept-alive connections before SIGTERM
+        assert session.get(server.url + "/ping").status_code == 200
     clients = [threading.Thread(target=invoke, args=(i,)) for i in range(IN_FLIGHT)]
     for client in clients:
         client.start()
@@ -62,3 +68,5 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(make_server, model_c
     log = server.log()
     assert "Handling signal: term" in log
     assert "shutdown complete" in log
+    assert "Worker exiting" in log
+    assert "graceful timeout" not in log.lower()
