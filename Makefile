@@ -40,11 +40,48 @@ clean:
 	rm -rf build
 
 
+# ---- The image: build, run, stop ----
+
+# docker when a Docker engine answers, podman otherwise; CONTAINER_ENGINE=... overrides.
+CONTAINER_ENGINE ?= $(shell local_test/container_engine.sh)
+IMAGE ?= sagemaker-pytorch-byoc:latest
+# Not CONTAINER_NAME: CI systems and sandboxes often export that for themselves.
+RUN_NAME ?= sagemaker-pytorch-byoc
+# Empty: the Dockerfile's default (python:3.11-slim-bookworm). `make base-image` makes
+# a local one for machines that cannot reach a registry; then BASE_IMAGE=$(LOCAL_BASE_IMAGE).
+BASE_IMAGE ?=
+LOCAL_BASE_IMAGE ?= localhost/bookworm-python:3.11
+# Empty: torch from PyPI, its CUDA 13.0 build. e.g. https://download.pytorch.org/whl/cu128
+# for hosts with an older NVIDIA driver, https://download.pytorch.org/whl/cpu for a
+# small CPU-only image.
+TORCH_INDEX_URL ?=
+BUILD_ARGS ?=
+
+.PHONY: build run stop base-image
+
+build:
+	$(CONTAINER_ENGINE) build -t $(IMAGE) \
+		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+		$(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) \
+		$(BUILD_ARGS) .
+
+# Serves $(MODEL_DIR) from the image in the foreground, as SageMaker would
+# (read-only /opt/ml/model, port 8080, `serve`); `make stop` from another shell
+# sends SIGTERM and lets in-flight requests finish.
+run: model
+	CONTAINER_ENGINE=$(CONTAINER_ENGINE) RUN_NAME=$(RUN_NAME) PORT=$(PORT) \
+		local_test/serve_local.sh $(IMAGE) $(MODEL_DIR)
+
+stop:
+	$(CONTAINER_ENGINE) stop -t 30 $(RUN_NAME)
+
+base-image:
+	CONTAINER_ENGINE=$(CONTAINER_ENGINE) scripts/make_base_image.sh $(LOCAL_BASE_IMAGE)
+
 # ---- SageMaker deployment (python -m deploy; see README "Deploying to SageMaker") ----
 # Needs AWS credentials and a region in the environment, and an execution role:
 #   make push deploy ROLE=arn:aws:iam::123456789012:role/SageMakerExecution
 # Each step is idempotent: rerunning one changes nothing that is already in place.
-IMAGE ?= sagemaker-pytorch-byoc:latest
 ENDPOINT ?= smserve-digits
 SM_MODEL_NAME ?= $(ENDPOINT)
 INSTANCE_TYPE ?= ml.m5.xlarge

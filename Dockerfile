@@ -1,0 +1,58 @@
+# A SageMaker bring-your-own-container image for PyTorch models.
+#
+#   docker build -t sagemaker-pytorch-byoc .            (CUDA torch; runs on CPU too)
+#   docker run -p 8080:8080 -v "$PWD/build/model:/opt/ml/model:ro" sagemaker-pytorch-byoc serve
+#
+# The model is not baked in: SageMaker unpacks model.tar.gz into /opt/ml/model at run
+# time. The NVIDIA driver is not inside either: the host's container toolkit mounts it,
+# and the CUDA runtime libraries come with the torch wheels.
+
+# Any Debian-based image with Python 3.11 on PATH as python3 works (the tests use a
+# locally made bookworm image, whose python3 is /usr/bin/python3, not /usr/local/bin).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS builder
+
+# Keep TORCH_VERSION equal to the torch pin in requirements-dev.txt. On PyPI, torch
+# 2.13.0 for Linux x86_64 is the CUDA 13.0 build (it pulls the CUDA libraries as
+# wheels; the host needs NVIDIA driver 580 or newer). For an older driver pass a
+# PyTorch index of a CUDA 12 build, e.g. https://download.pytorch.org/whl/cu128; for a
+# CPU-only image (about 1 GB instead of several), https://download.pytorch.org/whl/cpu.
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://pypi.org/simple
+# A directory of local wheels (mounted into the build with -v) searched with the index.
+ARG TORCH_FIND_LINKS=
+
+# torch first: it is by far the largest layer and changes least often, so editing
+# container/requirements.txt does not download it again. Its index picks the CUDA
+# flavour and also serves torch's own dependencies.
+RUN python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir \
+        --index-url "${TORCH_INDEX_URL}" \
+        ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} \
+        "torch==${TORCH_VERSION}"
+
+COPY container/requirements.txt /tmp/requirements.txt
+RUN /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+
+FROM ${BASE_IMAGE}
+
+# SageMaker runs the container as root and expects it: no USER switch (the model
+# directory and /opt/ml are mounted root-owned).
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+COPY --from=builder /opt/venv /opt/venv
+COPY container/ /opt/program/
+WORKDIR /opt/program
+
+EXPOSE 8080
+# The server honours SAGEMAKER_BIND_TO_PORT, so SageMaker may run it beside other
+# containers (inference pipelines, multi-container endpoints) on another port.
+LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
+
+# Exec form without a shell or an init: `serve` execs gunicorn, which becomes PID 1
+# and so receives SageMaker's SIGTERM itself. SageMaker passes `serve` as the argument.
+ENTRYPOINT ["/opt/program/serve"]
