@@ -168,19 +168,32 @@ def _rectangular(value) -> bool:
 
 
 def _array_from_npy(body: bytes) -> np.ndarray:
+    """A view on the body. The header's shape is checked against the bytes that follow
+    it first: np.load would allocate whatever shape a 100-byte body claims."""
+    stream = io.BytesIO(body)
     try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+        else:
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
     except ValueError as e:
-        if "pickle" in str(e).lower():
-            raise BadRequest("the .npy body holds Python objects, which are never unpickled; send a numeric array") from None
         raise BadRequest(f"body is not a valid .npy array: {e}") from None
-    except (OSError, EOFError) as e:
-        raise BadRequest(f"body is not a valid .npy array: {e}") from None
-    if not isinstance(array, np.ndarray):
-        raise BadRequest("body is an .npz archive; send a single .npy array")
-    if array.dtype.kind not in "biuf":
-        raise BadRequest(f"the .npy array has dtype {array.dtype}; send a numeric array")
-    return array
+    if dtype.hasobject:
+        raise BadRequest("the .npy body holds Python objects, which are never unpickled; send a numeric array")
+    if dtype.kind not in "biuf":
+        raise BadRequest(f"the .npy array has dtype {dtype}; send a numeric array")
+    count = 1
+    for dim in shape:
+        count *= dim
+    data = len(body) - stream.tell()
+    if count * dtype.itemsize != data:
+        raise BadRequest(
+            f"the .npy header declares shape {list(shape)} of {dtype} ({count * dtype.itemsize} bytes) "
+            f"but {data} bytes follow it"
+        )
+    array = np.frombuffer(body, dtype=dtype, count=count, offset=stream.tell())
+    return array.reshape(shape, order="F" if fortran_order else "C")
 
 
 def _as_array(records, what: str) -> np.ndarray:

@@ -105,3 +105,23 @@ def test_several_outputs():
     assert simple.encode(outputs, "text/csv")[0] == b"0.25,0.75,1\n1.0,0.0,0\n"
     with pytest.raises(NotAcceptable):
         simple.encode(outputs, "application/x-npy")
+
+
+def test_npy_header_claiming_more_than_the_body_holds_allocates_nothing():
+    import tracemalloc
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10**9, 4)})
+    tracemalloc.start()
+    with pytest.raises(BadRequest, match="bytes follow it"):
+        decode(header.getvalue() + b"\0" * 32, "application/x-npy")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_npy_fortran_order_and_big_endian_arrays():
+    for array in (np.asfortranarray(np.arange(8.0).reshape(2, 4)), np.arange(8, dtype=">i4").reshape(2, 4)):
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        np.testing.assert_array_equal(decode(buffer.getvalue(), "application/x-npy")["pixels"], array)
