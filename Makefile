@@ -35,6 +35,7 @@ test: install model
 bench: install model
 	$(PY) bench/bench_codec.py
 	$(PY) bench/bench_batch.py
+	$(PY) bench/bench_load.py
 
 clean:
 	rm -rf build

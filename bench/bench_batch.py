@@ -12,69 +12,28 @@ The server must run with SAGEMAKER_BATCH=true (the one started here does).
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-import requests
 from sklearn.datasets import load_digits
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from local_test import batch_transform as bt  # noqa: E402
+from local_test.server_process import ServerProcess  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model_dir: Path, payload_mb: int, log_path: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = dict(
-        os.environ,
-        SM_MODEL_DIR=str(model_dir),
-        SAGEMAKER_BIND_TO_PORT=str(port),
-        SAGEMAKER_BATCH="true",
-        SAGEMAKER_MAX_PAYLOAD_IN_MB=str(payload_mb),
-        SMSERVE_LOG_LEVEL="warning",  # an access line per request would cost the single-record run
-    )
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, str(ROOT / "container" / "serve"), "serve"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if process.poll() is not None:
-            sys.exit(f"server exited with {process.returncode}; log: {log_path}")
-        try:
-            if requests.get(url + "/ping", timeout=2).status_code == 200:
-                return process, url
-        except requests.RequestException:
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            sys.exit(f"server not ready within 120 s; log: {log_path}")
-        time.sleep(0.25)
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=40)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+def start_server(model_dir: Path, payload_mb: int, log_path: Path) -> ServerProcess:
+    env = {
+        "SAGEMAKER_BATCH": "true",
+        "SAGEMAKER_MAX_PAYLOAD_IN_MB": str(payload_mb),
+        "SMSERVE_LOG_LEVEL": "warning",  # an access line per request would cost the single-record run
+        "SMSERVE_TORCH_THREADS": "",  # the server's own default, not the tests' one thread
+    }
+    return ServerProcess(model_dir, env, log_path=log_path).start()
 
 
 def write_records(path: Path, count: int) -> int:
@@ -99,7 +58,8 @@ def main() -> None:
     if args.url:
         url = args.url
     else:
-        process, url = start_server(args.model_dir, args.payload_mb, work / "server.log")
+        process = start_server(args.model_dir, args.payload_mb, work / "server.log")
+        url = process.url
     try:
         params = bt.fetch_execution_parameters(url)
         concurrency = args.concurrency or int(params.get("MaxConcurrentTransforms", 1))
@@ -129,7 +89,7 @@ def main() -> None:
             sys.exit("MULTI_RECORD and SINGLE_RECORD outputs differ")
     finally:
         if process is not None:
-            stop_server(process)
+            process.terminate()
 
     print(f"\n{args.records} digits records ({size / 1024:.0f} KiB of CSV), concurrency {concurrency}, {url}")
     print(f"{'strategy':<14} {'requests':>9} {'seconds':>8} {'records/s':>10}")

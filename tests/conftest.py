@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from serverproc import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
+from local_test.server_process import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
 
 
 @pytest.fixture(scope="session")

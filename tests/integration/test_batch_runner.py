@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from model.train import load_split
-from serverproc import ServerProcess
+from local_test.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "build" / "model"

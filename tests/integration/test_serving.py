@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from serverproc import SERVE
+from local_test.server_process import SERVE
 
 JSON, CSV, JSONL, NPY = "application/json", "text/csv", "application/jsonlines", "application/x-npy"
 

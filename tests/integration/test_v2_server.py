@@ -46,7 +46,7 @@ def sample(datatype: str, shape=(2, 3), utf8: bool = False) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def echo_server(tmp_path_factory):
-    from serverproc import ServerProcess
+    from local_test.server_process import ServerProcess
 
     model_dir = tmp_path_factory.mktemp("echo")
     (model_dir / "code").mkdir()

@@ -8,7 +8,7 @@ import tarfile
 import numpy as np
 import torch
 
-from serverproc import ROOT
+from local_test.server_process import ROOT
 
 
 def test_held_out_accuracy_is_at_least_0_95(example_model_dir, digits):

@@ -1,4 +1,4 @@
-"""Real server processes for tests: `container/serve serve` on a free port."""
+"""The real server as a subprocess (`container/serve serve` on a free port), for tests and benchmarks."""
 
 from __future__ import annotations
 
