@@ -5,6 +5,7 @@ after fork (CUDA cannot survive a fork).
 """
 
 import os
+import shutil
 
 from smserve import hardware, logs
 from smserve.settings import Settings
@@ -54,4 +55,7 @@ def worker_exit(server, worker):
 
 
 def on_exit(server):
+    # serve made this folder for the workers' ready markers; nothing needs it now.
+    if os.environ.get("SMSERVE_STATE_DIR"):
+        shutil.rmtree(os.environ["SMSERVE_STATE_DIR"], ignore_errors=True)
     server.log.info("shutdown complete")
