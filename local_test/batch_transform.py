@@ -273,6 +273,8 @@ def list_inputs(input_path: Path, output_dir: Path) -> list[tuple[Path, Path]]:
     if not input_path.is_dir():
         raise ConfigError(f"input {input_path} does not exist")
     output_resolved = output_dir.resolve()
+    if output_resolved == input_path.resolve():
+        raise ConfigError(f"output folder {output_dir} is the input folder: choose another, as a job's S3OutputPath")
     pairs = []
     for path in sorted(p for p in input_path.rglob("*") if p.is_file()):
         # An output folder inside the input folder must not be read back as input.

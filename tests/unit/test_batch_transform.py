@@ -475,3 +475,9 @@ def test_main_exits_2_when_the_server_is_unreachable(tmp_path, capsys):
     code = bt.main([str(source), str(tmp_path / "out"), "--url", f"http://127.0.0.1:{port}", "--wait", "0.5"])
     assert code == 2
     assert "/ping did not answer 200" in capsys.readouterr().err
+
+
+def test_output_folder_equal_to_the_input_folder_is_refused(tmp_path):
+    (tmp_path / "a.csv").write_text("1,2\n")
+    with pytest.raises(bt.ConfigError, match="is the input folder"):
+        bt.list_inputs(tmp_path, tmp_path)
