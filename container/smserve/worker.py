@@ -24,7 +24,7 @@ class GeventModelWorker(GeventWorker):
         ]
 
     def init_process(self):
-        # Kept-alive connections that finished a request and wait for the next one.
+        # Connections waiting for their next (or first) request.
         self.idle_connections = set()
         super().init_process()
 
@@ -39,6 +39,8 @@ class GeventModelWorker(GeventWorker):
         return handled
 
     def handle(self, listener, client, addr):
+        # Idle until its first request too: a client may connect and send nothing.
+        self.idle_connections.add(client)
         try:
             super().handle(listener, client, addr)
         finally:

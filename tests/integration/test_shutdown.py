@@ -36,6 +36,8 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(make_server, model_c
         except Exception as e:  # noqa: BLE001 - recorded and asserted on below
             responses.append(e)
 
+    # A client that connects and never sends a request must not hold a worker either.
+    silent = socket.create_connection(("127.0.0.1", server.port))
     sessions = [requests.Session() for _ in range(IN_FLIGHT)]
     for session in sessions:  # open the kept-alive connections before SIGTERM
         assert session.get(server.url + "/ping").status_code == 200
@@ -61,6 +63,7 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(make_server, model_c
     for client in clients:
         client.join(30)
     assert server.proc.wait(30) == 0
+    silent.close()
     assert len(responses) == IN_FLIGHT
     assert all(isinstance(r, requests.Response) and r.status_code == 200 for r in responses), responses
     predicted = sorted(int(np.argmax(r.json()["predictions"][0])) for r in responses)
