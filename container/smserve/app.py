@@ -9,6 +9,7 @@ import json
 import logging
 
 from flask import Flask, Response, request
+from werkzeug.datastructures import MIMEAccept
 from werkzeug.exceptions import HTTPException
 
 from . import __version__, simple, v2
@@ -44,7 +45,7 @@ def create_app(settings: Settings | None = None, server: ModelServer | None = No
     @app.get("/ping")
     def ping():
         server.check_all_ready()
-        return Response(status=200)
+        return Response(status=200, content_type="text/plain")
 
     @app.get("/execution-parameters")
     def execution_parameters():
@@ -64,13 +65,17 @@ def _invocations(server: ModelServer, settings: Settings) -> Response:
     binary, or one of the simple types."""
     content_type = request.headers.get("Content-Type", "")
     kind = simple.media_type(content_type)
-    if kind not in simple.MEDIA_TYPES + (OCTET_STREAM,) and v2.SAGEMAKER_BINARY_CONTENT_TYPE not in content_type:
+    # A user's input_fn decodes whatever it likes (images, text, …): only v2 bodies and
+    # the built-in types bypass it.
+    takes_any = server.has_input_fn
+    if (not takes_any and kind not in simple.MEDIA_TYPES + (OCTET_STREAM,)
+            and v2.SAGEMAKER_BINARY_CONTENT_TYPE not in content_type):
         raise UnsupportedMediaType(
             f"unsupported Content-Type {content_type!r}; send one of: " + ", ".join(SUPPORTED_REQUEST_TYPES)
         )
-    body = request.get_data(cache=False)
+    body = _read_body(settings)
     server.check_ready()
-    header_length = _v2_header_length(content_type, kind, len(body))
+    header_length = _v2_header_length(content_type, kind, len(body), raw_octet_stream=not takes_any)
     if header_length is not None:
         return _v2_infer(server, v2.decode_request(body, header_length, server.metadata), sagemaker=True)
     if server.uses_byte_hooks:
@@ -90,12 +95,22 @@ def _invocations(server: ModelServer, settings: Settings) -> Response:
         inputs = simple.decode_json(document, server.metadata)
     else:
         inputs = simple.decode(body, content_type, server.metadata)
-    accept = _negotiate(settings.default_accept)
+    accept = _negotiate(_default_accept(settings, kind))
     payload, media = simple.encode(server.infer(inputs), accept, _batched(server))
     return Response(payload, content_type=media)
 
 
-def _v2_header_length(content_type: str, kind: str, size: int) -> int | None:
+def _read_body(settings: Settings) -> bytes:
+    """The whole body. Werkzeug refuses an oversized Content-Length with 413 before
+    reading; a chunked body it silently cuts at the limit, so look for one byte more."""
+    body = request.get_data(cache=False)
+    if request.content_length is None and len(body) >= settings.max_body_bytes:
+        if request.environ["wsgi.input"].read(1):
+            raise PayloadTooLarge(f"request body exceeds the payload limit of {settings.max_body_bytes} bytes")
+    return body
+
+
+def _v2_header_length(content_type: str, kind: str, size: int, raw_octet_stream: bool = True) -> int | None:
     """Where a v2 request's JSON header ends (0: raw binary), or None when the body is
     whole JSON or a simple type. Measured against the body read, since a chunked
     request has no Content-Length."""
@@ -103,8 +118,9 @@ def _v2_header_length(content_type: str, kind: str, size: int) -> int | None:
     if found is not None:
         return found
     header = request.headers.get(v2.HEADER_LENGTH_HEADER)
-    if kind == OCTET_STREAM:
-        # Without the header, octet-stream is the one input's raw bytes.
+    if kind == OCTET_STREAM and (header is not None or raw_octet_stream):
+        # Without the header, octet-stream is the one input's raw bytes (unless the
+        # model's input_fn takes it).
         return v2.header_length_from_header(header, size) or 0
     if kind == simple.JSON and header is not None:
         return v2.header_length_from_header(header, size)
@@ -112,14 +128,22 @@ def _v2_header_length(content_type: str, kind: str, size: int) -> int | None:
 
 
 def _infer_with_hooks(server: ModelServer, settings: Settings, body: bytes, content_type: str) -> Response:
-    # The user's output_fn may speak types we do not, so its Accept is passed through.
-    accept = request.headers.get("Accept") or settings.default_accept
-    if accept.strip() == "*/*":
-        accept = settings.default_accept
+    kind = simple.media_type(content_type)
+    default = _default_accept(settings, kind)
+    if server.model.hooks.output_fn is not None:
+        # The user's output_fn may speak types we do not: it gets the client's first choice.
+        accept, encode = _preferred(default), None
+    else:
+        accept = _negotiate(default)
+        batched = _batched(server)
+
+        def encode(outputs):
+            return simple.encode(outputs, accept, batched)
+
     payload, media = server.infer_with_hooks(
         body, content_type, accept,
         decode=lambda: simple.decode(body, content_type, server.metadata),
-        encode=lambda outputs: simple.encode(outputs, _negotiate(settings.default_accept), _batched(server)),
+        encode=encode,
     )
     return Response(payload, content_type=media)
 
@@ -183,13 +207,36 @@ def _batched(server: ModelServer) -> bool:
     return server.metadata.max_batch_size > 0
 
 
+def _default_accept(settings: Settings, request_kind: str) -> str:
+    """SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT if set; in batch mode a CSV or JSON Lines
+    request's own type, so AssembleWith=Line gets one line per record; else JSON."""
+    if settings.default_accept:
+        return settings.default_accept
+    if settings.batch and request_kind in (simple.CSV, simple.JSONLINES):
+        return request_kind
+    return simple.JSON
+
+
+def _accept() -> MIMEAccept:
+    # Media-type parameters (charset=utf-8, header=present) are not ours to match on.
+    return MIMEAccept([(value.split(";")[0].strip(), q) for value, q in request.accept_mimetypes])
+
+
+def _preferred(default: str) -> str:
+    """The client's most wanted concrete media type, for a user's output_fn."""
+    for value, q in sorted(_accept(), key=lambda item: -item[1]):
+        if q > 0 and "*" not in value:
+            return value
+    return default
+
+
 def _negotiate(default: str) -> str:
     """The best media type the Accept header allows (q-values honoured); 406 if none."""
     if not request.headers.get("Accept"):
         return default
     # On a tie (e.g. */*) werkzeug prefers the earlier offer: the default comes first.
     offers = [default] + [m for m in simple.MEDIA_TYPES if m != default] + list(simple.ALIASES)
-    best = request.accept_mimetypes.best_match(offers)
+    best = _accept().best_match(offers)
     if best is None:
         raise NotAcceptable(
             f"cannot produce any of Accept: {request.headers['Accept']}; supported: {', '.join(simple.MEDIA_TYPES)}"

@@ -69,7 +69,11 @@ class ModelServer:
         self.runner.start(self.model.predict, max_batch)
         self.status = READY
         if self.state_dir:
-            open(self._marker(self.worker_index), "w").close()
+            try:
+                open(self._marker(self.worker_index), "w").close()
+            except OSError as e:
+                log.warning("cannot leave a ready marker in %s (%s): /ping speaks for this worker only", self.state_dir, e)
+                self.state_dir = None
         log.info("worker %d ready: model %r on %s, max batch %d",
                  self.worker_index, self.model.metadata.name, self.model.device, max_batch)
 
@@ -93,7 +97,7 @@ class ModelServer:
     def check_all_ready(self) -> None:
         """This worker and every other one have loaded their model."""
         self.check_ready()
-        if not self.state_dir:
+        if not self.state_dir or not os.path.isdir(self.state_dir):
             return
         loading = [i for i in range(self.workers) if not os.path.exists(self._marker(i))]
         if loading:
@@ -111,12 +115,17 @@ class ModelServer:
         return self.runner.infer(inputs)
 
     @property
+    def has_input_fn(self) -> bool:
+        return self.status == READY and self.model.hooks.input_fn is not None
+
+    @property
     def uses_byte_hooks(self) -> bool:
         return self.status == READY and self.model.hooks.handles_bytes
 
     def infer_with_hooks(self, body: bytes, content_type: str, accept: str, decode, encode) -> tuple[bytes, str]:
         """The SageMaker hook chain, each missing hook replaced by the built-in step,
-        all on the inference thread (user code may be CPU-bound)."""
+        all on the inference thread (user code may be CPU-bound). decode and encode are
+        the built-in steps (encode None: the user's output_fn)."""
         self.check_ready()
         model = self.model
         hooks = model.hooks
@@ -138,7 +147,7 @@ class ModelServer:
             except Exception as e:
                 log.exception("predict failed")
                 raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
-            if hooks.output_fn is not None:
+            if encode is None:
                 result = hooks.output_fn(prediction, accept)
                 if isinstance(result, tuple):
                     body_out, media = result
@@ -156,8 +165,7 @@ class ModelServer:
         (one computing, one arriving), within SageMaker's concurrency x payload <= 100 MB."""
         payload = self.settings.max_payload_mb or DEFAULT_PAYLOAD_MB
         concurrency = self.settings.max_concurrent_transforms or 2 * self.workers
-        if self.settings.max_concurrent_transforms is None:
-            concurrency = max(1, min(concurrency, MAX_TRANSFORM_BUDGET_MB // payload))
+        concurrency = max(1, min(concurrency, MAX_TRANSFORM_BUDGET_MB // payload))
         return {
             "MaxConcurrentTransforms": concurrency,
             "BatchStrategy": self.settings.batch_strategy,

@@ -19,6 +19,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # SageMaker's own bound on MaxConcurrentTransforms x MaxPayloadInMB for a job.
 MAX_TRANSFORM_BUDGET_MB = 100
 MB = 1024 * 1024
+# A lone request never waits longer than this for others to batch with.
+MAX_BATCH_DELAY_MS = 1000
 
 
 class SettingsError(ValueError):
@@ -34,7 +36,8 @@ class Settings:
     # Seconds a request may take; also how long gunicorn waits for a silent worker.
     timeout: int = 60
     graceful_timeout: int = 25
-    default_accept: str = "application/json"
+    # None: application/json, or in batch mode a CSV or JSON Lines request's own type.
+    default_accept: str | None = None
     model_dir: str = DEFAULT_MODEL_DIR
     batch: bool = False
     batch_strategy: str = "MULTI_RECORD"
@@ -108,13 +111,13 @@ def _port(raw: str) -> int:
     return value
 
 
-def _non_negative_float(raw: str) -> float:
+def _delay_ms(raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError("must be a number >= 0") from None
-    if not value >= 0:  # also rejects nan
-        raise ValueError("must be a number >= 0")
+        raise ValueError(f"must be a number of milliseconds from 0 to {MAX_BATCH_DELAY_MS}") from None
+    if not 0 <= value <= MAX_BATCH_DELAY_MS:  # also rejects nan and inf
+        raise ValueError(f"must be a number of milliseconds from 0 to {MAX_BATCH_DELAY_MS}")
     return value
 
 
@@ -177,7 +180,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "graceful_timeout": (PREFIX + "GRACEFUL_TIMEOUT", _positive_int),
     "max_request_mb": (PREFIX + "MAX_REQUEST_MB", _positive_int),
     "max_batch_size": (PREFIX + "MAX_BATCH_SIZE", _positive_int),
-    "max_batch_delay_ms": (PREFIX + "MAX_BATCH_DELAY_MS", _non_negative_float),
+    "max_batch_delay_ms": (PREFIX + "MAX_BATCH_DELAY_MS", _delay_ms),
     "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),
     "device": (PREFIX + "DEVICE", _device),
     "log_level": (PREFIX + "LOG_LEVEL", _one_of(LOG_LEVELS)),

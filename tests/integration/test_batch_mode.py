@@ -82,7 +82,7 @@ def test_payload_at_the_limit_succeeds_and_one_byte_over_is_413(batch_server, di
     at_limit = csv_body(records, size=MB)
     response = requests.post(batch_server.url + "/invocations", data=at_limit, headers={"Content-Type": "text/csv"})
     assert response.status_code == 200, response.text[:200]
-    assert len(response.json()["predictions"]) == len(records)
+    assert len(response.text.splitlines()) == len(records)
 
     over = csv_body(records, size=MB + 1)
     response = requests.post(batch_server.url + "/invocations", data=over, headers={"Content-Type": "text/csv"})
@@ -97,3 +97,37 @@ def test_single_record_strategy_is_reported(make_server, example_model_dir):
                                              "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "4"})
     params = requests.get(server.url + "/execution-parameters").json()
     assert params == {"MaxConcurrentTransforms": 4, "BatchStrategy": "SINGLE_RECORD", "MaxPayloadInMB": 6}
+
+
+@pytest.mark.parametrize("accept", [None, "*/*"])
+def test_without_an_accept_batch_answers_in_the_request_line_format(batch_server, digits, accept):
+    x, _ = digits
+    headers = {"Content-Type": "text/csv"} | ({"Accept": accept} if accept else {})
+    response = requests.post(batch_server.url + "/invocations", data=csv_body(x[:5]), headers=headers)
+    assert response.headers["Content-Type"] == "text/csv"
+    assert len(response.text.split("\n")) == 6
+    body = "".join(json.dumps(row) + "\n" for row in x[:5].tolist())
+    response = requests.post(batch_server.url + "/invocations", data=body,
+                             headers={"Content-Type": "application/jsonlines"})
+    assert response.headers["Content-Type"] == "application/jsonlines"
+    assert len(response.text.split("\n")) == 6
+
+
+def test_chunked_body_over_the_limit_is_413_not_truncated(batch_server, digits):
+    x, _ = digits
+    body = csv_body(np.tile(x, (10, 1))[: MB // 200], size=MB + 1)
+    response = requests.post(batch_server.url + "/invocations", data=(body[i:i + 65536] for i in range(0, len(body), 65536)),
+                             headers={"Content-Type": "text/csv"})
+    assert response.status_code == 413
+    exact = csv_body(np.tile(x, (10, 1))[: MB // 200], size=MB)
+    response = requests.post(batch_server.url + "/invocations", data=(exact[i:i + 65536] for i in range(0, len(exact), 65536)),
+                             headers={"Content-Type": "text/csv"})
+    assert response.status_code == 200
+
+
+def test_execution_parameters_stay_within_sagemakers_100_mb_budget(make_server, example_model_dir):
+    server = make_server(example_model_dir, {"SAGEMAKER_BATCH": "true", "SAGEMAKER_MAX_PAYLOAD_IN_MB": "50",
+                                             "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "10"})
+    params = requests.get(server.url + "/execution-parameters").json()
+    assert params["MaxPayloadInMB"] == 50
+    assert params["MaxConcurrentTransforms"] * params["MaxPayloadInMB"] <= 100

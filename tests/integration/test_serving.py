@@ -108,6 +108,8 @@ def test_csv_and_jsonlines_give_one_line_per_record(example_server, digits):
         ("*/*", JSON),
         ("text/*", CSV),
         ("image/png, text/csv;q=0.2", CSV),
+        ("application/json; charset=utf-8", JSON),
+        ("text/csv; header=present", CSV),
     ],
 )
 def test_accept_negotiation_honours_q_values(example_server, digits, accept, expected):
@@ -150,6 +152,12 @@ BAD_REQUESTS = [
     ("bad JSON Lines record", JSONL, b"[1,2]\n{oops\n", "line 2"),
     ("empty body", JSON, b"", "empty"),
     ("blank line inside CSV", CSV, b"1,2\n\n3,4\n", "line 2"),
+    ("integer too large for a float", JSON, b"[[" + b"1" * 400 + b"]]", "numbers"),
+    ("npy header cut short", NPY, b"\x93NUMPY\x01\x00\x76\x00{'descr': '<f4', 'fortran_order': False, 'shape': (1, 64),",
+     "npy"),
+    ("npy with a negative dimension", NPY,
+     b"\x93NUMPY\x01\x00\x76\x00" + b"{'descr': '<f4', 'fortran_order': False, 'shape': (-1, -256), }".ljust(117) + b"\n"
+     + b"\0" * 1024, "shape"),
     ("not UTF-8", CSV, b"\xff\xfe1,2\n", "UTF-8"),
 ]
 
@@ -332,3 +340,30 @@ def test_model_code_may_start_processes_while_loading(make_server, model_copy, d
     response = requests.post(server.url + "/invocations", json={"instances": x[:5].tolist()})
     assert response.status_code == 200, response.text
     assert (np.argmax(response.json()["predictions"], axis=1) == y[:5]).all()
+
+
+INPUT_FN_ONLY = '''
+import numpy as np
+import torch
+
+
+def input_fn(body, content_type):
+    # An "image" format of our own: 64 bytes of pixel values.
+    if content_type != "application/x-digit":
+        raise ValueError(f"unexpected {content_type}")
+    return torch.from_numpy(np.frombuffer(body, dtype=np.uint8).astype(np.float32).reshape(-1, 64))
+'''
+
+
+def test_input_fn_alone_takes_its_own_content_type_and_the_rest_is_built_in(make_server, model_copy, digits):
+    server = make_server(model_copy(INPUT_FN_ONLY))
+    x, y = digits
+    body = x[:4].astype(np.uint8).tobytes()
+    for accept, parse in ((CSV, decode), (JSON, decode)):
+        response = requests.post(server.url + "/invocations", data=body,
+                                 headers={"Content-Type": "application/x-digit", "Accept": accept})
+        assert response.status_code == 200, response.text
+        assert (parse(response).argmax(axis=1) == y[:4]).all()
+    response = requests.post(server.url + "/invocations", data=body,
+                             headers={"Content-Type": "application/x-digit", "Accept": "image/png"})
+    assert_error(response, 406, "image/png")

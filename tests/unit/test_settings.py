@@ -7,7 +7,7 @@ def test_defaults():
     s = Settings.from_env({})
     assert s.port == 8080 and s.workers is None and s.graceful_timeout == 25
     assert s.model_dir == "/opt/ml/model" and s.batch is False
-    assert s.default_accept == "application/json"
+    assert s.default_accept is None  # application/json, or a batch request's own line format
     assert s.max_body_bytes == 100 * MB
 
 
@@ -41,6 +41,8 @@ def test_batch_mode_defaults_to_a_6_mb_payload_and_long_timeout():
     ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "-5"),
     ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "image/png"),
     ("SMSERVE_MAX_BATCH_DELAY_MS", "nan"),
+    ("SMSERVE_MAX_BATCH_DELAY_MS", "inf"),
+    ("SMSERVE_MAX_BATCH_DELAY_MS", "1e12"),
     ("SMSERVE_DEVICE", "tpu"),
     ("SMSERVE_LOG_FORMAT", "xml"),
 ])
