@@ -60,8 +60,12 @@ BUILD_ARGS ?=
 
 .PHONY: build run stop base-image
 
+# SageMaker takes Docker schema 2 manifests only: podman writes OCI unless given
+# --format docker, and docker's default provenance attestation makes an OCI index.
 build:
 	$(CONTAINER_ENGINE) build -t $(IMAGE) \
+		$(if $(filter podman,$(notdir $(CONTAINER_ENGINE))),--format docker) \
+		$(if $(filter docker,$(notdir $(CONTAINER_ENGINE))),--provenance=false) \
 		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 		$(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) \
 		$(BUILD_ARGS) .
@@ -84,7 +88,10 @@ base-image:
 #   make push deploy ROLE=arn:aws:iam::123456789012:role/SageMakerExecution
 # Each step is idempotent: rerunning one changes nothing that is already in place.
 ENDPOINT ?= smserve-digits
-SM_MODEL_NAME ?= $(ENDPOINT)
+# Empty: $(ENDPOINT)-<12 hex of the image digest>-<8 hex of the model archive's hash>.
+# Models are immutable in SageMaker, so a rebuilt image or a retrained model needs a new
+# model name; deriving it from both makes `make push update` roll out exactly that.
+SM_MODEL_NAME ?=
 INSTANCE_TYPE ?= ml.m5.xlarge
 INSTANCE_COUNT ?= 1
 ROLE ?= $(SAGEMAKER_ROLE_ARN)
@@ -92,18 +99,33 @@ ROLE ?= $(SAGEMAKER_ROLE_ARN)
 IMAGE_URI ?= $(shell cat build/image-uri 2>/dev/null)
 DEPLOY := $(PY) -m deploy
 
-.PHONY: push deploy invoke teardown test-deploy
+.PHONY: push deploy update sm-model invoke teardown test-deploy
 
 push: install
 	@mkdir -p build
 	$(DEPLOY) push $(IMAGE) > build/image-uri.tmp && mv build/image-uri.tmp build/image-uri
 	@cat build/image-uri
 
-deploy: install model
+# The model data and the SageMaker model: writes build/model-uri and build/sm-model-name.
+sm-model: install model
 	@test -n "$(IMAGE_URI)" || { echo "no image URI: run 'make push' first or pass IMAGE_URI=repo@sha256:..." >&2; exit 1; }
+	@mkdir -p build
 	$(DEPLOY) package $(MODEL_DIR) --create-bucket > build/model-uri
-	$(DEPLOY) create-model --model-name $(SM_MODEL_NAME) --image $(IMAGE_URI) --model-data $$(cat build/model-uri) $(if $(ROLE),--role $(ROLE))
-	$(DEPLOY) create-endpoint --endpoint-name $(ENDPOINT) --model-name $(SM_MODEL_NAME) \
+	@image='$(IMAGE_URI)'; data=$$(cat build/model-uri); data=$${data%/model.tar.gz}; data=$${data##*/}; \
+		case "$$image" in *@sha256:*) digest=$${image##*@sha256:};; *) digest=$$(printf %s "$$image" | sha256sum);; esac; \
+		name='$(SM_MODEL_NAME)'; test -n "$$name" || name=$$(printf %s '$(ENDPOINT)' | cut -c1-40)-$${digest:0:12}-$${data:0:8}; \
+		echo "$$name" > build/sm-model-name
+	$(DEPLOY) create-model --model-name $$(cat build/sm-model-name) --image $(IMAGE_URI) --model-data $$(cat build/model-uri) $(if $(ROLE),--role $(ROLE))
+
+# First deployment: a new endpoint. Once it exists, `make update` rolls out a new image or model.
+deploy: sm-model
+	$(DEPLOY) create-endpoint --endpoint-name $(ENDPOINT) --model-name $$(cat build/sm-model-name) \
+		--instance-type $(INSTANCE_TYPE) --instance-count $(INSTANCE_COUNT)
+
+# Switches the existing endpoint to the model of the current image and archive; its
+# autoscaling is kept. Older models and configs stay until `make teardown`.
+update: sm-model
+	$(DEPLOY) update-endpoint --endpoint-name $(ENDPOINT) --model-name $$(cat build/sm-model-name) \
 		--instance-type $(INSTANCE_TYPE) --instance-count $(INSTANCE_COUNT)
 
 # Four digits from scikit-learn's set, sent in the binary v2 form; prints the probabilities.

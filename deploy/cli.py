@@ -81,8 +81,11 @@ def _endpoint_command(update: bool):
         from deploy import endpoint
 
         variant = _variant(aws, args)
-        step = endpoint.update_endpoint if update else endpoint.create_endpoint
-        described = step(aws, args.endpoint_name, variant, {"poll_seconds": args.poll_seconds, "max_wait_seconds": args.max_wait})
+        wait = {"poll_seconds": args.poll_seconds, "max_wait_seconds": args.max_wait}
+        if update:
+            described = endpoint.update_endpoint(aws, args.endpoint_name, variant, wait, autoscale_after=args.autoscale)
+        else:
+            described = endpoint.create_endpoint(aws, args.endpoint_name, variant, wait)
         if args.autoscale:
             endpoint.autoscale(
                 aws,
@@ -136,7 +139,11 @@ def cmd_teardown(aws, args, runner):
 
     if not args.endpoint_name and not args.model_name:
         raise DeployError("teardown needs --endpoint-name and/or --model-name")
-    yield from endpoint.teardown(aws, args.endpoint_name, args.model_name or [], poll_seconds=args.poll_seconds, max_wait_seconds=args.max_wait)
+    if args.keep_models and args.model_name:
+        raise DeployError("teardown takes --keep-models or --model-name, not both")
+    yield from endpoint.teardown(
+        aws, args.endpoint_name, args.model_name or [], poll_seconds=args.poll_seconds, max_wait_seconds=args.max_wait, keep_models=args.keep_models
+    )
 
 
 # ---------------------------------------------------------------- arguments
@@ -207,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--volume-gb", type=int, help="VolumeSizeInGB (instance types without local NVMe)")
         p.add_argument(
             "--inference-ami-version",
-            help=f"InferenceAmiVersion for ml.g*/ml.p* (default {_default_ami()}: NVIDIA driver 580 / CUDA 13.0, runs the CUDA 12.8 image)",
+            help=f"InferenceAmiVersion for ml.g*/ml.p* (default {_default_ami()}: NVIDIA driver 580 / CUDA 13.0, as the default image's torch needs)",
         )
         p.add_argument("--autoscale", action="store_true", help="register target-tracking autoscaling on invocations per instance")
         p.add_argument("--min-instances", type=_positive, help="autoscaling minimum (default --instance-count)")
@@ -236,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-type", default="Line", choices=("None", "Line", "RecordIO", "TFRecord"))
     p.add_argument("--batch-strategy", default="MultiRecord", choices=("MultiRecord", "SingleRecord"))
     p.add_argument("--assemble-with", default="Line", choices=("None", "Line"))
-    p.add_argument("--max-payload-mb", type=int, default=6, help="MaxPayloadInMB (default 6)")
+    p.add_argument("--max-payload-mb", type=int, default=6, help="MaxPayloadInMB, 1..100; times --max-concurrent-transforms at most 100 (default 6)")
     p.add_argument("--max-concurrent-transforms", type=_positive, help="default: what the container's /execution-parameters says")
     p.add_argument("--invocations-timeout", type=int, default=600, help="ModelClientConfig.InvocationsTimeoutInSeconds (default 600)")
     p.add_argument("--invocations-max-retries", type=int, default=1, choices=range(0, 4), help="ModelClientConfig.InvocationsMaxRetries (default 1)")
@@ -247,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-count", type=_positive, default=1)
     p.add_argument(
         "--transform-ami-version",
-        help="TransformAmiVersion for ml.g*/ml.p* (default al2-ami-sagemaker-batch-gpu-535: NVIDIA driver 535)",
+        help="TransformAmiVersion for ml.g*/ml.p* (default al2-ami-sagemaker-batch-gpu-535: NVIDIA driver 535, so the image needs a CUDA 12.x torch to use the GPU)",
     )
     p.add_argument("--no-wait", action="store_true", help="start the job and print the output path without waiting")
     p.set_defaults(handler=cmd_transform)
@@ -255,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("teardown", parents=[common, waiting], help="delete endpoint, its configs and models; missing ones are fine")
     p.add_argument("--endpoint-name")
     p.add_argument("--model-name", action="append", help="model to delete (repeatable; default: the endpoint's models)")
+    p.add_argument("--keep-models", action="store_true", help="delete the endpoint and its configs only, e.g. to recreate a Failed endpoint")
     p.set_defaults(handler=cmd_teardown)
     return parser
 

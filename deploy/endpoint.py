@@ -14,13 +14,17 @@ from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
-from deploy.aws import Aws, DeployError, error_code, is_not_found, say, wait_with_progress
+from deploy.aws import Aws, DeployError, error_code, is_not_found, one_line, say, wait_with_progress
 
-# The Dockerfile's CUDA 12.8 torch wants NVIDIA driver >= 570 for full support (older
-# 12.x drivers run it only through minor-version compatibility, without PTX JIT). This
-# AMI carries driver 580 / CUDA 13.0, which runs CUDA 12.x images natively.
+# The default image's torch (2.13.0 from PyPI) is the CUDA 13.0 build, which needs
+# NVIDIA driver >= 580. This AMI carries driver 580 / CUDA 13.0, so it runs that image,
+# and CUDA 12.x builds (TORCH_INDEX_URL=.../cu126 or cu128) as well.
 DEFAULT_GPU_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+# SageMaker takes Docker v2 schema 2 manifests; CreateModel rejects OCI manifests and
+# OCI indexes (what `podman build` writes by default, and `docker build` with its
+# default provenance attestation).
+_OCI_MEDIA_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json")
 _ECR_IMAGE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)(?::(?P<tag>[^@]+))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
 
 
@@ -87,10 +91,22 @@ def resolve_image(aws: Aws, image: str) -> str:
             say(f"note: could not check image {image} (access denied); SageMaker will")
             return image
         raise
+    check_manifest_type(image, details["imageDetails"][0])
     resolved = f"{image[: found.end('repo')]}@{details['imageDetails'][0]['imageDigest']}"
     if resolved != image:
         say(f"image {image} is {resolved}")
     return resolved
+
+
+def check_manifest_type(image: str, detail: dict) -> None:
+    """Refuse an image SageMaker would refuse, with the way to rebuild it."""
+    media_type = detail.get("imageManifestMediaType") or ""
+    if media_type in _OCI_MEDIA_TYPES:
+        kind = "an OCI image index" if "index" in media_type else "an OCI manifest"
+        raise DeployError(
+            f"image {image} has {kind} ({media_type}), which SageMaker rejects; rebuild it with "
+            f"`podman build --format docker` or `docker build --provenance=false` (make build does) and push again"
+        )
 
 
 def check_model_data(aws: Aws, url: str) -> None:
@@ -195,12 +211,20 @@ def ensure_endpoint_config(aws: Aws, endpoint_name: str, variant: Variant) -> st
 
 def create_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict) -> dict:
     sagemaker = aws.client("sagemaker")
-    wanted = ensure_endpoint_config(aws, endpoint_name, variant)
     existing = _describe(sagemaker.describe_endpoint, EndpointName=endpoint_name)
+    if existing is not None and existing["EndpointStatus"] == "Failed":
+        # A Failed endpoint never leaves Failed by itself, and SageMaker cannot create one
+        # of the same name while it exists: waiting on it would only repeat its old reason.
+        reason = " ".join(str(existing.get("FailureReason") or "no FailureReason given").split())
+        raise DeployError(
+            f"endpoint {endpoint_name} is Failed ({reason}); delete it with "
+            f"`python -m deploy teardown --endpoint-name {endpoint_name} --keep-models`, then run create-endpoint again"
+        )
+    wanted = ensure_endpoint_config(aws, endpoint_name, variant)
     if existing is None:
         say(f"creating endpoint {endpoint_name}")
         sagemaker.create_endpoint(EndpointName=endpoint_name, EndpointConfigName=wanted)
-    elif existing["EndpointConfigName"] != wanted and existing["EndpointStatus"] != "Failed":
+    elif existing["EndpointConfigName"] != wanted:
         raise DeployError(
             f"endpoint {endpoint_name} exists with config {existing['EndpointConfigName']}, not {wanted}; "
             f"use update-endpoint to change it"
@@ -210,7 +234,15 @@ def create_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict) 
     return wait_in_service(aws, endpoint_name, **wait)
 
 
-def update_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict) -> dict:
+def update_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict, autoscale_after: bool = False) -> dict:
+    """Switch the endpoint to the config for `variant`, keeping its autoscaling.
+
+    AWS refuses an UpdateEndpoint that changes the instance type of an autoscaled
+    variant or removes one; only then is the scaling target deregistered first, and
+    afterwards registered again as it was (unless autoscale_after: the caller then
+    registers it with new settings). A new model or instance count keeps the target
+    (AWS "Update endpoints that use auto scaling").
+    """
     sagemaker = aws.client("sagemaker")
     existing = _describe(sagemaker.describe_endpoint, EndpointName=endpoint_name)
     if existing is None:
@@ -218,14 +250,36 @@ def update_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict) 
     wanted = ensure_endpoint_config(aws, endpoint_name, variant)
     if existing["EndpointConfigName"] == wanted:
         say(f"endpoint {endpoint_name} already uses {wanted}")
+        return wait_in_service(aws, endpoint_name, **wait)
+
+    current = _describe(sagemaker.describe_endpoint_config, EndpointConfigName=existing["EndpointConfigName"])
+    if current is None:  # its config was deleted by hand: assume the worst
+        blocking = [v["VariantName"] for v in existing.get("ProductionVariants", [])] or [variant.variant_name]
     else:
-        # SageMaker refuses to change the instance count under a registered scaling
-        # target; the target is registered again after the update when --autoscale asks.
-        if deregister_autoscaling(aws, endpoint_name, variant.variant_name):
-            say("deregistered the autoscaling target for the update")
+        blocking = [
+            v["VariantName"]
+            for v in current["ProductionVariants"]
+            if v["VariantName"] != variant.variant_name or v.get("InstanceType") != variant.instance_type
+        ]
+    saved = []
+    for target in scalable_targets(aws, endpoint_name, blocking) if blocking else []:
+        policies = scaling_policies(aws, target["ResourceId"])
+        _deregister(aws, target["ResourceId"])
+        saved.append((target, policies))
+        say(f"deregistered autoscaling of {target['ResourceId']} for the update (AWS refuses to change the instance type of an autoscaled variant)")
+    succeeded = False
+    try:
         say(f"updating endpoint {endpoint_name} to {wanted}")
         sagemaker.update_endpoint(EndpointName=endpoint_name, EndpointConfigName=wanted)
-    return wait_in_service(aws, endpoint_name, **wait)
+        described = wait_in_service(aws, endpoint_name, **wait)
+        succeeded = True
+        return described
+    finally:
+        for target, policies in saved:
+            kept = target["ResourceId"] == resource_id(endpoint_name, variant.variant_name)
+            # After a failed update the old variants are still there, scaled as before.
+            if not succeeded or (kept and not autoscale_after):
+                _restore(aws, target, policies)
 
 
 def wait_in_service(aws: Aws, endpoint_name: str, poll_seconds: float = 30, max_wait_seconds: float = 3600) -> dict:
@@ -284,40 +338,103 @@ def autoscale(
     return policy["PolicyARN"]
 
 
-def deregister_autoscaling(aws: Aws, endpoint_name: str, variant_name: str | None) -> bool:
-    """Remove scaling targets (and so their policies) of the endpoint's variants."""
+def scalable_targets(aws: Aws, endpoint_name: str, variant_names) -> list[dict]:
+    """The scaling targets of these variants only.
+
+    Asking by ResourceIds keeps the answer to this endpoint's few targets: an account's
+    whole list is paginated (50 a page), and targets past the first page were missed.
+    """
+    ids = list(dict.fromkeys(resource_id(endpoint_name, name) for name in variant_names))
+    paginator = aws.client("application-autoscaling").get_paginator("describe_scalable_targets")
+    found = []
+    for start in range(0, len(ids), 50):  # ResourceIds takes 50 at most
+        for page in paginator.paginate(ServiceNamespace="sagemaker", ResourceIds=ids[start : start + 50], ScalableDimension=SCALABLE_DIMENSION):
+            found += page["ScalableTargets"]
+    return found
+
+
+def scaling_policies(aws: Aws, rid: str) -> list[dict]:
+    paginator = aws.client("application-autoscaling").get_paginator("describe_scaling_policies")
+    found = []
+    for page in paginator.paginate(ServiceNamespace="sagemaker", ResourceId=rid, ScalableDimension=SCALABLE_DIMENSION):
+        found += page["ScalingPolicies"]
+    return found
+
+
+def _deregister(aws: Aws, rid: str) -> None:
+    """Deregistering a target also deletes its scaling policies."""
+    aws.client("application-autoscaling").deregister_scalable_target(ServiceNamespace="sagemaker", ResourceId=rid, ScalableDimension=SCALABLE_DIMENSION)
+
+
+_POLICY_CONFIGS = ("TargetTrackingScalingPolicyConfiguration", "StepScalingPolicyConfiguration", "PredictiveScalingPolicyConfiguration")
+
+
+def _restore(aws: Aws, target: dict, policies: list[dict]) -> None:
+    """Register a deregistered target again with its capacities and policies."""
     scaling = aws.client("application-autoscaling")
-    prefix = f"endpoint/{endpoint_name}/variant/"
-    found = scaling.describe_scalable_targets(ServiceNamespace="sagemaker", ScalableDimension=SCALABLE_DIMENSION)["ScalableTargets"]
-    removed = False
-    for target in found:
-        rid = target["ResourceId"]
-        if rid.startswith(prefix) and (variant_name is None or rid == prefix + variant_name):
-            scaling.deregister_scalable_target(ServiceNamespace="sagemaker", ResourceId=rid, ScalableDimension=SCALABLE_DIMENSION)
-            removed = True
-    return removed
+    rid = target["ResourceId"]
+    key = {"ServiceNamespace": "sagemaker", "ResourceId": rid, "ScalableDimension": SCALABLE_DIMENSION}
+    try:
+        extra = {"SuspendedState": target["SuspendedState"]} if target.get("SuspendedState") else {}
+        scaling.register_scalable_target(**key, MinCapacity=target["MinCapacity"], MaxCapacity=target["MaxCapacity"], **extra)
+        for policy in policies:
+            config = {name: policy[name] for name in _POLICY_CONFIGS if name in policy}
+            scaling.put_scaling_policy(**key, PolicyName=policy["PolicyName"], PolicyType=policy["PolicyType"], **config)
+    except ClientError as error:
+        # The endpoint's own outcome matters more than this; say how to finish by hand.
+        say(f"note: could not restore autoscaling of {rid} ({one_line(error)}); rerun update-endpoint with --autoscale "
+            f"--min-instances {target['MinCapacity']} --max-instances {target['MaxCapacity']}")
+        return
+    say(f"autoscaling of {rid} restored: {target['MinCapacity']}..{target['MaxCapacity']} instances, {len(policies)} policies")
 
 
 # ---------------------------------------------------------------- teardown
 
 
-def teardown(aws: Aws, endpoint_name: str | None, model_names: list[str], poll_seconds: float = 15, max_wait_seconds: float = 1800) -> list[str]:
+def teardown(
+    aws: Aws,
+    endpoint_name: str | None,
+    model_names: list[str],
+    poll_seconds: float = 15,
+    max_wait_seconds: float = 1800,
+    keep_models: bool = False,
+) -> list[str]:
     """Delete the endpoint, its configs and models; what is already gone is skipped.
 
-    Returns one line per resource saying what happened.
+    Configs and models that another endpoint uses now are kept: deleting them would
+    leave that endpoint unable to scale or update. Returns one line per resource.
     """
     sagemaker = aws.client("sagemaker")
     report = []
     models = list(model_names)
-    configs: list[str] = []
+    used_configs, used_models = _used_by_other_endpoints(sagemaker, endpoint_name)
     if endpoint_name:
         existing = _describe(sagemaker.describe_endpoint, EndpointName=endpoint_name)
-        if deregister_autoscaling(aws, endpoint_name, None):
+        configs: dict[str, dict | None] = {}
+        if existing is not None:
+            configs[existing["EndpointConfigName"]] = None
+        # Configs left by earlier updates carry the endpoint's name as their prefix.
+        for page in sagemaker.get_paginator("list_endpoint_configs").paginate(NameContains=endpoint_name[:52]):
+            for summary in page["EndpointConfigs"]:
+                name = summary["EndpointConfigName"]
+                if re.fullmatch(re.escape(endpoint_name[:52]) + r"-[0-9a-f]{10}", name):
+                    configs.setdefault(name, None)
+        for name in list(configs):
+            if name in used_configs:
+                report.append(f"endpoint config {name}: kept, endpoint {used_configs[name]} uses it")
+                del configs[name]
+            else:
+                configs[name] = _describe(sagemaker.describe_endpoint_config, EndpointConfigName=name)
+        variants = [v["VariantName"] for v in (existing or {}).get("ProductionVariants", [])]
+        variants += [v["VariantName"] for config in configs.values() if config for v in config["ProductionVariants"]]
+        targets = scalable_targets(aws, endpoint_name, variants) if variants else []
+        for target in targets:
+            _deregister(aws, target["ResourceId"])
+        if targets:
             report.append(f"autoscaling of {endpoint_name}: deregistered")
         if existing is None:
             report.append(f"endpoint {endpoint_name}: already gone")
         else:
-            configs.append(existing["EndpointConfigName"])
             if existing["EndpointStatus"] != "Deleting":
                 _delete(sagemaker.delete_endpoint, EndpointName=endpoint_name)
             wait_with_progress(
@@ -330,25 +447,40 @@ def teardown(aws: Aws, endpoint_name: str | None, model_names: list[str], poll_s
                 EndpointName=endpoint_name,
             )
             report.append(f"endpoint {endpoint_name}: deleted")
-        # Configs left by earlier updates carry the endpoint's name as their prefix.
-        for page in sagemaker.get_paginator("list_endpoint_configs").paginate(NameContains=endpoint_name[:52]):
-            for summary in page["EndpointConfigs"]:
-                name = summary["EndpointConfigName"]
-                if re.fullmatch(re.escape(endpoint_name[:52]) + r"-[0-9a-f]{10}", name) and name not in configs:
-                    configs.append(name)
-        for name in configs:
-            config = _describe(sagemaker.describe_endpoint_config, EndpointConfigName=name)
+        for name, config in configs.items():
             if config is None:
                 report.append(f"endpoint config {name}: already gone")
                 continue
-            if not model_names:
+            if not model_names and not keep_models:
                 models += [v["ModelName"] for v in config["ProductionVariants"] if v["ModelName"] not in models]
             _delete(sagemaker.delete_endpoint_config, EndpointConfigName=name)
             report.append(f"endpoint config {name}: deleted")
     for name in models:
+        if name in used_models:
+            report.append(f"model {name}: kept, endpoint {used_models[name]} uses it")
+            continue
         gone = not _delete(sagemaker.delete_model, ModelName=name)
         report.append(f"model {name}: {'already gone' if gone else 'deleted'}")
     return report
+
+
+def _used_by_other_endpoints(sagemaker, endpoint_name: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """{config name: endpoint} and {model name: endpoint} for every endpoint but this one."""
+    configs: dict[str, str] = {}
+    models: dict[str, str] = {}
+    for page in sagemaker.get_paginator("list_endpoints").paginate():
+        for summary in page["Endpoints"]:
+            other = summary["EndpointName"]
+            if other == endpoint_name:
+                continue
+            described = _describe(sagemaker.describe_endpoint, EndpointName=other)
+            if described is None:
+                continue
+            configs.setdefault(described["EndpointConfigName"], other)
+            config = _describe(sagemaker.describe_endpoint_config, EndpointConfigName=described["EndpointConfigName"])
+            for variant in (config or {}).get("ProductionVariants", []):
+                models.setdefault(variant["ModelName"], other)
+    return configs, models
 
 
 # ---------------------------------------------------------------- helpers

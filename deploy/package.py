@@ -35,9 +35,13 @@ def build_archive(model_dir: Path, destination: Path) -> str:
     with open(destination, "wb") as raw:
         # mtime=0 and no file name in the gzip header keep the bytes reproducible.
         with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as zipped:
-            with tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as archive:
+            # dereference: a symlinked file (a model linked in from a cache) is stored as
+            # the file it points at; a link would dangle in /opt/ml/model.
+            with tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT, dereference=True) as archive:
                 for relative in files:
                     path = model_dir / relative
+                    if not path.exists():
+                        raise DeployError(f"{path} is a broken symlink; fix or remove it before packaging")
                     info = archive.gettarinfo(str(path), arcname=relative)
                     info.mtime = 0
                     info.uid = info.gid = 0

@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from botocore.exceptions import ClientError
 
 from deploy.aws import Aws, DeployError, error_code, say
+from deploy.endpoint import check_manifest_type
 
 
 @dataclass(frozen=True)
@@ -102,17 +103,21 @@ def push(aws: Aws, image: str, repository: str | None, tag: str | None, engine: 
     target = f"{uri}:{tag}"
     run([engine, "tag", image, target])
     say(f"pushing {target}")
-    run([engine, "push", target], what=f"{engine} push {target}")
-    return f"{uri}@{image_digest(aws, repository, tag)}"
+    # podman pushes OCI manifests unless told otherwise, and SageMaker rejects those;
+    # v2s2 is Docker's schema 2, which it takes. (docker pushes what it built: see make build.)
+    run([engine, "push", *(["--format", "v2s2"] if engine == "podman" else []), target], what=f"{engine} push {target}")
+    return f"{uri}@{image_digest(aws, repository, tag, image)}"
 
 
-def image_digest(aws: Aws, repository: str, tag: str) -> str:
+def image_digest(aws: Aws, repository: str, tag: str, local_image: str) -> str:
     try:
         details = aws.client("ecr").describe_images(repositoryName=repository, imageIds=[{"imageTag": tag}])["imageDetails"]
     except ClientError as error:
         if error_code(error) in ("ImageNotFoundException", "RepositoryNotFoundException"):
             raise DeployError(f"the push finished but ECR has no image {repository}:{tag}") from None
         raise
+    # Found now rather than at create-model, where SageMaker would refuse it.
+    check_manifest_type(local_image, details[0])
     return details[0]["imageDigest"]
 
 

@@ -10,9 +10,19 @@ from dataclasses import asdict, dataclass
 from deploy.aws import Aws, DeployError, say, wait_with_progress
 from deploy.endpoint import _describe, is_gpu_instance
 
-# The newest batch AMI the API documents (NVIDIA driver 535, CUDA 12.2): the CUDA 12.8
-# image runs on it through CUDA minor-version compatibility; 470 is CUDA 11 and cannot.
+# The newest batch AMI the API documents (NVIDIA driver 535, CUDA 12.2); 470 is CUDA 11.
+# The default image's torch is PyPI's CUDA 13.0 build, which needs driver >= 580, so on
+# this AMI it finds no usable GPU; a CUDA 12.x torch runs through CUDA minor-version
+# compatibility. Hence a warning for GPU jobs, not a refusal: the image may be rebuilt so.
 DEFAULT_GPU_TRANSFORM_AMI = "al2-ami-sagemaker-batch-gpu-535"
+GPU_TRANSFORM_WARNING = (
+    "warning: GPU transform AMIs carry NVIDIA driver 535 (CUDA 12.2); to use the GPU the image must be built with a "
+    "CUDA 12.x torch, e.g. make build TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 (PyPI's default torch is "
+    "the CUDA 13.0 build, which needs driver >= 580, and would run on the CPU)"
+)
+# SageMaker's limits: MaxPayloadInMB <= 100, and MaxConcurrentTransforms x MaxPayloadInMB
+# <= 100. 0 means chunked, unbounded payloads, which this container does not take.
+MAX_PAYLOAD_MB = 100
 
 # The container's names for SageMaker's BatchStrategy values (SAGEMAKER_BATCH_STRATEGY).
 _STRATEGY_ENV = {"MultiRecord": "MULTI_RECORD", "SingleRecord": "SINGLE_RECORD"}
@@ -51,6 +61,16 @@ class TransformSpec:
         for uri in (self.input_uri, self.output_uri):
             if not uri.startswith("s3://"):
                 raise DeployError(f"transform input and output must be s3:// URIs, got {uri!r}")
+        if not 1 <= self.max_payload_mb <= MAX_PAYLOAD_MB:
+            raise DeployError(f"--max-payload-mb must be 1..{MAX_PAYLOAD_MB}, got {self.max_payload_mb}")
+        if self.max_concurrent_transforms is not None and self.max_concurrent_transforms * self.max_payload_mb > MAX_PAYLOAD_MB:
+            raise DeployError(
+                f"--max-concurrent-transforms x --max-payload-mb must be at most {MAX_PAYLOAD_MB} MB, "
+                f"got {self.max_concurrent_transforms} x {self.max_payload_mb}"
+            )
+        if self.content_type == "application/x-npy" and self.split_type == "Line":
+            # An .npy file is binary: cut at newline bytes, its pieces are not arrays.
+            raise DeployError("--content-type application/x-npy cannot be split into lines; pass --split-type None (one array per file)")
         output = {"S3OutputPath": self.output_uri, "AssembleWith": self.assemble_with, "Accept": self.accept or self.content_type}
         request = {
             "TransformJobName": job_name,
@@ -97,6 +117,8 @@ def transform(aws: Aws, spec: TransformSpec, job_name: str | None, wait: bool, p
     sagemaker = aws.client("sagemaker")
     job_name = job_name or spec.job_name()
     request = spec.request(job_name)  # checks the arguments before anything is created
+    if is_gpu_instance(spec.instance_type):
+        say(GPU_TRANSFORM_WARNING)
     existing = _describe(sagemaker.describe_transform_job, TransformJobName=job_name)
     if existing is None:
         if _describe(sagemaker.describe_model, ModelName=spec.model_name) is None:

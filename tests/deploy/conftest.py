@@ -19,7 +19,7 @@ import pytest
 # the recording out of the working tree.
 os.environ.setdefault("MOTO_RECORDER_FILEPATH", os.path.join(tempfile.mkdtemp(prefix="moto-recorder-"), "requests.jsonl"))
 
-from tests.deploy.support import REGION, Moto  # noqa: E402
+from tests.deploy.support import IMAGE, REGION, Moto  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -93,3 +93,24 @@ def cli(capsys):
         return status, out, err
 
     return run
+
+
+@pytest.fixture
+def image(boto) -> str:
+    """An image in moto's ECR with a Docker schema 2 manifest, by tag."""
+    ecr = boto("ecr")
+    ecr.create_repository(repositoryName="sagemaker-pytorch-byoc")
+    ecr.put_image(repositoryName="sagemaker-pytorch-byoc", imageTag="v1",
+                  imageManifest=json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                                             "layers": [{"digest": "sha256:" + "2" * 64}]}))
+    return IMAGE
+
+
+@pytest.fixture
+def model(cli, boto, role, image) -> str:
+    """Model "digits" created through the tool, its data in s3://artifacts."""
+    boto("s3").create_bucket(Bucket="artifacts")
+    boto("s3").put_object(Bucket="artifacts", Key="model.tar.gz", Body=b"archive")
+    status, _, err = cli("create-model", "--model-name", "digits", "--image", image, "--model-data", "s3://artifacts/model.tar.gz", "--role", role)
+    assert status == 0, err
+    return "digits"

@@ -13,37 +13,7 @@ import threading
 
 import pytest
 
-from tests.deploy.support import ACCOUNT, REGION, Moto, run_module
-
-IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sagemaker-pytorch-byoc:v1"
-
-
-def one_error_line(err: str) -> str:
-    assert "Traceback" not in err
-    assert err.count("error:") == 1, err
-    last = err.splitlines()[-1]
-    assert last.startswith("error: "), err
-    return last
-
-
-@pytest.fixture
-def image(boto) -> str:
-    ecr = boto("ecr")
-    ecr.create_repository(repositoryName="sagemaker-pytorch-byoc")
-    ecr.put_image(repositoryName="sagemaker-pytorch-byoc", imageTag="v1",
-                  imageManifest=json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-                                             "layers": [{"digest": "sha256:" + "2" * 64}]}))
-    return IMAGE
-
-
-@pytest.fixture
-def model(cli, boto, role, image) -> str:
-    boto("s3").create_bucket(Bucket="artifacts")
-    boto("s3").put_object(Bucket="artifacts", Key="model.tar.gz", Body=b"archive")
-    status, _, err = cli("create-model", "--model-name", "digits", "--image", image, "--model-data", "s3://artifacts/model.tar.gz", "--role", role)
-    assert status == 0, err
-    return "digits"
-
+from tests.deploy.support import ACCOUNT, REGION, Moto, add_update_endpoint, one_error_line, run_module
 
 def later(seconds: float, change) -> threading.Timer:
     timer = threading.Timer(seconds, change)
@@ -135,6 +105,26 @@ def test_missing_image(aws_env, cli, role, image):
     status, _, err = cli("create-model", "--model-name", "m", "--image", missing, "--role", role)
     assert status == 1
     assert one_error_line(err) == f"error: image {missing} not found in ECR; push it first (python -m deploy push)"
+
+
+@pytest.mark.parametrize(
+    ("media_type", "kind"),
+    [("application/vnd.oci.image.manifest.v1+json", "an OCI manifest"), ("application/vnd.oci.image.index.v1+json", "an OCI image index")],
+)
+def test_oci_image_is_refused_before_create_model(aws_env, boto, cli, role, media_type, kind):
+    """SageMaker's CreateModel rejects OCI manifests and indexes; say how to rebuild instead."""
+    ecr = boto("ecr")
+    ecr.create_repository(repositoryName="sagemaker-pytorch-byoc")
+    ecr.put_image(repositoryName="sagemaker-pytorch-byoc", imageTag="oci", imageManifestMediaType=media_type,
+                  imageManifest=json.dumps({"schemaVersion": 2, "layers": [{"digest": "sha256:" + "4" * 64}]}))
+    image = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sagemaker-pytorch-byoc:oci"
+    status, _, err = cli("create-model", "--model-name", "m", "--image", image, "--role", role)
+    assert status == 1
+    assert one_error_line(err) == (
+        f"error: image {image} has {kind} ({media_type}), which SageMaker rejects; rebuild it with "
+        "`podman build --format docker` or `docker build --provenance=false` (make build does) and push again"
+    )
+    assert boto("sagemaker").list_models()["Models"] == []
 
 
 def test_missing_model_data(aws_env, boto, cli, role, image):
@@ -231,8 +221,9 @@ def test_cpu_endpoint_has_no_ami_version(aws_env, boto, cli, model):
     assert "InferenceAmiVersion" not in config["ProductionVariants"][0]
 
 
-def test_update_endpoint(aws_env, boto, cli, model):
-    """What moto can show of an update: the new config; moto has no UpdateEndpoint itself."""
+def test_update_endpoint(aws_env, boto, cli, model, monkeypatch):
+    """A new instance count: a new config, waited until InService, autoscaling kept."""
+    updates = add_update_endpoint(monkeypatch)
     status, _, err = cli("update-endpoint", "--endpoint-name", "ep", "--model-name", model)
     assert status == 1
     assert one_error_line(err) == "error: endpoint ep does not exist; use create-endpoint"
@@ -242,16 +233,22 @@ def test_update_endpoint(aws_env, boto, cli, model):
     status, out, err = cli("update-endpoint", *base)  # same settings: nothing to do
     assert status == 0, err
     assert "already uses" in err and out.startswith("ep InService ")
+    assert updates == []
 
     sagemaker = boto("sagemaker")
+    old = sagemaker.describe_endpoint(EndpointName="ep")["EndpointConfigName"]
     status, out, err = cli("update-endpoint", *base, "--instance-count", "3")
-    configs = {c["EndpointConfigName"] for c in sagemaker.list_endpoint_configs()["EndpointConfigs"]}
-    [new] = configs - {sagemaker.describe_endpoint(EndpointName="ep")["EndpointConfigName"]}
+    assert status == 0, err
+    assert out.startswith("ep InService ")
+    assert "endpoint ep: Updating" in err  # it waited for the update
+    new = sagemaker.describe_endpoint(EndpointName="ep")["EndpointConfigName"]
+    assert new != old
     assert sagemaker.describe_endpoint_config(EndpointConfigName=new)["ProductionVariants"][0]["InitialInstanceCount"] == 3
-    # The scaling target had to go before the instance count could change.
-    assert boto("application-autoscaling").describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"] == []
-    if status != 0:  # moto 5.2.5 answers UpdateEndpoint with a 500
-        assert one_error_line(err).startswith("error: UpdateEndpoint failed")
+    # AWS lets an instance count change under autoscaling: the target stays, untouched.
+    assert updates == [{"EndpointName": "ep", "EndpointConfigName": new, "ScalableTargets": ["endpoint/ep/variant/AllTraffic"]}]
+    [target] = boto("application-autoscaling").describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
+    assert (target["ResourceId"], target["MinCapacity"], target["MaxCapacity"]) == ("endpoint/ep/variant/AllTraffic", 1, 2)
+    assert "deregistered" not in err
 
 
 # ---------------------------------------------------------------- transform
@@ -326,3 +323,48 @@ def test_gpu_transform_gets_a_batch_ami(aws_env, boto, cli, model):
                          "--transform-ami-version", "al2-ami-sagemaker-batch-gpu-535")
     assert status == 1
     assert "applies to GPU instance types" in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-payload-mb", "0"], "error: --max-payload-mb must be 1..100, got 0"),
+        (["--max-payload-mb", "150"], "error: --max-payload-mb must be 1..100, got 150"),
+        (["--max-payload-mb", "30", "--max-concurrent-transforms", "4"],
+         "error: --max-concurrent-transforms x --max-payload-mb must be at most 100 MB, got 4 x 30"),
+        (["--content-type", "application/x-npy", "--split-type", "Line"],
+         "error: --content-type application/x-npy cannot be split into lines; pass --split-type None (one array per file)"),
+    ],
+)
+def test_transform_arguments_are_checked_before_any_call(aws_env, boto, cli, model, argv, message):
+    aws_env.start_recording()
+    status, out, err = cli("transform", "--model-name", model, "--input", "s3://artifacts/in/", "--output", "s3://artifacts/out/",
+                           "--no-wait", *argv)
+    recorded = aws_env.recorded()
+    assert (status, out) == (1, "")
+    assert one_error_line(err) == message
+    assert recorded == []  # refused before talking to AWS at all
+    assert boto("sagemaker").list_transform_jobs()["TransformJobSummaries"] == []
+
+
+def test_transform_limits_that_fit_are_taken(aws_env, boto, cli, model):
+    status, _, err = cli("transform", "--model-name", model, "--input", "s3://artifacts/in/", "--output", "s3://artifacts/out/",
+                         "--max-payload-mb", "25", "--max-concurrent-transforms", "4", "--content-type", "application/x-npy",
+                         "--split-type", "None", "--no-wait")
+    assert status == 0, err
+    sagemaker = boto("sagemaker")
+    [summary] = sagemaker.list_transform_jobs()["TransformJobSummaries"]
+    job = sagemaker.describe_transform_job(TransformJobName=summary["TransformJobName"])
+    assert (job["MaxPayloadInMB"], job["MaxConcurrentTransforms"], job["TransformInput"]["SplitType"]) == (25, 4, "None")
+
+
+def test_gpu_transform_warns_about_the_driver(aws_env, cli, model):
+    """Batch GPU AMIs have driver 535: the default CUDA 13.0 torch cannot use the GPU there."""
+    base = ("transform", "--model-name", model, "--input", "s3://artifacts/in/", "--no-wait")
+    status, _, err = cli(*base, "--output", "s3://artifacts/gpu/", "--instance-type", "ml.g5.xlarge")
+    assert status == 0, err
+    [warning] = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert "driver 535" in warning and "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126" in warning
+    status, _, err = cli(*base, "--output", "s3://artifacts/cpu/", "--instance-type", "ml.m5.xlarge")
+    assert status == 0, err
+    assert "warning:" not in err

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
+import threading
 
 import pytest
 
-from tests.deploy.support import ACCOUNT, REGION, run_module
+from tests.deploy.support import ACCOUNT, REGION, Moto, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +30,7 @@ def ok(result):
     return result.stdout.strip().splitlines()
 
 
-def test_package_to_teardown(aws_env, boto, role, model_dir):
+def test_package_to_teardown(aws_env, boto, role, model_dir, monkeypatch):
     # An image "pushed" earlier: ECR's own API puts a manifest, as a registry push ends.
     ecr = boto("ecr")
     ecr.create_repository(repositoryName=IMAGE_REPO)
@@ -69,11 +71,25 @@ def test_package_to_teardown(aws_env, boto, role, model_dir):
                        "--instance-type", "ml.g4dn.xlarge", "--instance-count", "1", "--startup-timeout", "900",
                        "--download-timeout", "300", "--autoscale", "--min-instances", "1", "--max-instances", "4",
                        "--target-invocations", "250", "--poll-seconds", "0.2")
+    # moto creates endpoints InService at once; SageMaker takes minutes. The endpoint
+    # starts Creating here and turns InService a moment later, so the wait has to poll.
+    backend = Moto.sagemaker_backend()
+    original = backend.create_endpoint
+
+    def create_slowly(**kwargs):
+        endpoint = original(**kwargs)
+        endpoint.endpoint_status = "Creating"
+        threading.Timer(1.0, lambda: setattr(endpoint, "endpoint_status", "InService")).start()
+        return endpoint
+
+    monkeypatch.setattr(backend, "create_endpoint", create_slowly)
     result = run_module(*create_endpoint)
+    monkeypatch.setattr(backend, "create_endpoint", original)
     [line] = ok(result)
     name, status, arn = line.split()
     assert (name, status) == ("digits-ep", "InService") and arn.endswith(":endpoint/digits-ep")
-    assert "endpoint digits-ep" in result.stderr  # progress was printed
+    # The waiter's progress: the status it saw while polling, with the time so far.
+    assert re.search(r"^endpoint digits-ep: Creating \(\d+s\)$", result.stderr, re.MULTILINE), result.stderr
     sagemaker = boto("sagemaker")
     endpoint = sagemaker.describe_endpoint(EndpointName="digits-ep")
     config = sagemaker.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])

@@ -25,8 +25,11 @@ REGISTRY = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com"
 class Engine:
     """Answers engine commands the way docker/podman would, and records them."""
 
-    def __init__(self, boto, answering=("docker", "podman"), local_images=("sagemaker-pytorch-byoc:latest",), push_fails=False):
+    def __init__(self, boto, answering=("docker", "podman"), local_images=("sagemaker-pytorch-byoc:latest",), push_fails=False,
+                 manifest_type=None):
         self.boto = boto
+        # What the pushed manifest is; None: as the engine writes it (podman honours --format).
+        self.manifest_type = manifest_type
         self.answering = set(answering)
         self.local_images = set(local_images)
         self.push_fails = push_fails
@@ -51,10 +54,14 @@ class Engine:
         if verb == "push":
             if self.push_fails:
                 return Completed(1, "", "denied: Your authorization token has expired. Reauthenticate and try again.")
-            return self._registry_receives(rest[0])
+            return self._registry_receives(engine, rest)
         return Completed(125, "", f"unexpected command {argv}")
 
-    def _registry_receives(self, target: str) -> Completed:
+    def _registry_receives(self, engine: str, args: list[str]) -> Completed:
+        *options, target = args
+        # podman pushes OCI unless --format v2s2 says otherwise; docker pushes what it built.
+        oci = engine == "podman" and options != ["--format", "v2s2"]
+        media_type = self.manifest_type or ("application/vnd.oci.image.manifest.v1+json" if oci else "application/vnd.docker.distribution.manifest.v2+json")
         repository_uri, tag = target.rsplit(":", 1)
         repository = repository_uri.split("/", 1)[1]
         ecr = self.boto("ecr")
@@ -63,7 +70,7 @@ class Engine:
         ecr.upload_layer_part(repositoryName=repository, uploadId=upload, partFirstByte=0, partLastByte=len(layer) - 1, layerPartBlob=layer)
         layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
         ecr.complete_layer_upload(repositoryName=repository, uploadId=upload, layerDigests=[layer_digest])
-        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        manifest = {"schemaVersion": 2, "mediaType": media_type,
                     "layers": [{"digest": layer_digest, "size": len(layer)}]}
         try:
             ecr.put_image(repositoryName=repository, imageManifest=json.dumps(manifest), imageTag=tag)
@@ -109,7 +116,10 @@ def test_push_falls_back_to_podman_and_names_the_repository_after_the_image(aws_
     assert out.startswith(f"{REGISTRY}/sagemaker-pytorch-byoc@sha256:")
     assert [argv[:2] for argv, _ in engine.calls] == [
         ["docker", "info"], ["podman", "info"], ["podman", "image"], ["podman", "login"], ["podman", "tag"], ["podman", "push"]]
-    assert engine.calls[-1][0] == ["podman", "push", f"{REGISTRY}/sagemaker-pytorch-byoc:dev"]
+    # Docker schema 2, not podman's default OCI manifest, which SageMaker rejects.
+    assert engine.calls[-1][0] == ["podman", "push", "--format", "v2s2", f"{REGISTRY}/sagemaker-pytorch-byoc:dev"]
+    [pushed] = boto("ecr").describe_images(repositoryName="sagemaker-pytorch-byoc")["imageDetails"]
+    assert pushed["imageManifestMediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
 
 
 def test_engine_option_skips_the_probe(aws_env, boto, cli):
@@ -135,3 +145,18 @@ def test_push_failures_are_one_line(aws_env, boto, cli, engine_kwargs, argv, mes
     assert "Traceback" not in err
     assert err.splitlines()[-1].startswith(message), err
     assert err.count("error:") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("media_type", "kind"),
+    [("application/vnd.oci.image.index.v1+json", "an OCI image index"), ("application/vnd.oci.image.manifest.v1+json", "an OCI manifest")],
+)
+def test_push_refuses_an_oci_image(aws_env, boto, cli, media_type, kind):
+    """docker build with its default provenance attestation pushes an OCI index, which SageMaker rejects."""
+    status, out, err = cli("push", "sagemaker-pytorch-byoc:latest", "--repository", "digits", runner=Engine(boto, manifest_type=media_type))
+    assert (status, out) == (1, "")
+    assert err.splitlines()[-1] == (
+        f"error: image sagemaker-pytorch-byoc:latest has {kind} ({media_type}), which SageMaker rejects; rebuild it with "
+        "`podman build --format docker` or `docker build --provenance=false` (make build does) and push again"
+    )
+    assert err.count("error:") == 1 and "Traceback" not in err
