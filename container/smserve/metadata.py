@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass, field
 
 from . import datatypes
-from .errors import HTTPError
 
 METADATA_FILE = "metadata.json"
 
@@ -100,22 +99,6 @@ class ModelMetadata:
         except MetadataError as e:
             raise MetadataError(f"{path}: {e}") from None
 
-    def to_dict(self) -> dict:
-        def tensor(t: TensorSpec) -> dict:
-            d = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-            if t.labels is not None:
-                d["labels"] = list(t.labels)
-            return d
-
-        return {
-            "name": self.name,
-            "version": self.version,
-            "platform": self.platform,
-            "max_batch_size": self.max_batch_size,
-            "inputs": [tensor(t) for t in self.inputs],
-            "outputs": [tensor(t) for t in self.outputs],
-        }
-
 
 def _list(data: dict, key: str) -> list:
     value = data.get(key, [])
@@ -141,5 +124,3 @@ def _tensor(t: object, where: str) -> TensorSpec:
         labels = tuple(str(x) for x in labels)
     return TensorSpec(name=name, datatype=datatype, shape=tuple(shape), labels=labels)
 
-
-__all__ = ["ModelMetadata", "TensorSpec", "MetadataError", "METADATA_FILE", "HTTPError"]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import datatypes
-from .errors import BadRequest, ServerError
+from .errors import BadRequest
 from .hooks import Hooks, load_hooks
 from .metadata import ModelMetadata, TensorSpec
 
@@ -222,5 +222,3 @@ def load_and_warm(model_dir: str, device: torch.device) -> LoadedModel:
     )
     return loaded
 
-
-__all__ = ["LoadedModel", "ModelLoadError", "choose_device", "load", "load_and_warm", "ServerError"]

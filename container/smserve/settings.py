@@ -8,7 +8,7 @@ Nothing else reads os.environ.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 DEFAULT_MODEL_DIR = "/opt/ml/model"
@@ -81,17 +81,6 @@ class Settings:
             except (ValueError, TypeError) as e:
                 raise SettingsError(f"{variable}={raw!r}: {e}") from None
         return cls(**values)
-
-    def as_env(self) -> dict[str, str]:
-        """The environment that reproduces these settings (for child processes)."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None or f.name not in _VARIABLES:
-                continue
-            variable, _ = _VARIABLES[f.name]
-            out[variable] = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        return out
 
 
 def _positive_int(raw: str) -> int:
@@ -186,5 +175,3 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "log_level": (PREFIX + "LOG_LEVEL", _one_of(LOG_LEVELS)),
     "log_format": (PREFIX + "LOG_FORMAT", _one_of(LOG_FORMATS)),
 }
-
-VARIABLES = {field: variable for field, (variable, _) in _VARIABLES.items()}

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 
 from model.train import load_split
 from local_test.server_process import ServerProcess

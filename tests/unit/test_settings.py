@@ -50,8 +50,3 @@ def test_an_invalid_value_names_its_variable(variable, value):
     with pytest.raises(SettingsError) as raised:
         Settings.from_env({variable: value})
     assert str(raised.value).startswith(variable)
-
-
-def test_as_env_round_trips():
-    s = Settings.from_env({"SAGEMAKER_BATCH": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "2", "SMSERVE_LOG_FORMAT": "json"})
-    assert Settings.from_env(s.as_env()) == s
