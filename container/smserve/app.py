@@ -79,7 +79,7 @@ def _invocations(server: ModelServer, settings: Settings) -> Response:
     if header_length is not None:
         return _v2_infer(server, v2.decode_request(body, header_length, server.metadata), sagemaker=True)
     if server.uses_byte_hooks:
-        return _infer_with_hooks(server, settings, body, content_type)
+        return _infer_with_hooks(server, settings, body, content_type, kind)
     if kind == simple.JSON:
         if not body:
             raise BadRequest("request body is empty")
@@ -127,8 +127,7 @@ def _v2_header_length(content_type: str, kind: str, size: int, raw_octet_stream:
     return None
 
 
-def _infer_with_hooks(server: ModelServer, settings: Settings, body: bytes, content_type: str) -> Response:
-    kind = simple.media_type(content_type)
+def _infer_with_hooks(server: ModelServer, settings: Settings, body: bytes, content_type: str, kind: str) -> Response:
     default = _default_accept(settings, kind)
     if server.model.hooks.output_fn is not None:
         # The user's output_fn may speak types we do not: it gets the client's first choice.
