@@ -33,7 +33,7 @@ def start_server(model_dir: Path, payload_mb: int, log_path: Path) -> ServerProc
         "SMSERVE_LOG_LEVEL": "warning",  # an access line per request would cost the single-record run
         "SMSERVE_TORCH_THREADS": "",  # the server's own default, not the tests' one thread
     }
-    return ServerProcess(model_dir, env, log_path=log_path).start()
+    return ServerProcess(model_dir, env, log_path=log_path)
 
 
 def write_records(path: Path, count: int) -> int:
@@ -55,12 +55,15 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench_batch_"))
     process = None
-    if args.url:
-        url = args.url
-    else:
-        process = start_server(args.model_dir, args.payload_mb, work / "server.log")
-        url = process.url
     try:
+        if args.url:
+            url = args.url
+        else:
+            # Inside the try: a server that fails to start is stopped by ServerProcess
+            # itself, one that started is stopped by the finally below.
+            process = start_server(args.model_dir, args.payload_mb, work / "server.log")
+            process.start()
+            url = process.url
         params = bt.fetch_execution_parameters(url)
         concurrency = args.concurrency or int(params.get("MaxConcurrentTransforms", 1))
         source = work / "digits.csv"

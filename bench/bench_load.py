@@ -60,8 +60,9 @@ def ping_while(url: str, stop: threading.Event) -> list[float]:
 
 
 def run(model_dir: Path, env: dict, body: Path, args, log: Path) -> dict:
+    # `with` starts it and stops it, whatever happens in between (or while it starts).
     with ServerProcess(model_dir, {"SMSERVE_LOG_LEVEL": "warning", "SMSERVE_TORCH_THREADS": "", **env},
-                       log_path=log).start() as server:
+                       log_path=log) as server:
         hey(server.url, body, 2, args.concurrency)  # warm up
         stop = threading.Event()
         pings: list[float] = []

@@ -40,12 +40,27 @@ class ServerProcess:
         }
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self._group_killed = False
 
     def start(self, wait: bool = True, timeout: float = 120) -> "ServerProcess":
+        """Starts the server and, with wait, returns once /ping is 200. If it never
+        gets there (it exits, hangs, or anything raises, Ctrl-C included), the server
+        is stopped before the error propagates: a caller never owns a half-started one."""
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen([sys.executable, str(SERVE), "serve"], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            # Its own session, so the whole tree (gunicorn and its workers) can be
+            # killed as one group if SIGTERM is not enough.
+            self.proc = subprocess.Popen([sys.executable, str(SERVE), "serve"], env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()  # the child holds its own copy
         if wait:
-            self.wait_ready(timeout)
+            try:
+                self.wait_ready(timeout)
+            except BaseException:
+                self.terminate(timeout=10)
+                raise
         return self
 
     def wait_ready(self, timeout: float = 120) -> None:
@@ -56,7 +71,9 @@ class ServerProcess:
             try:
                 if requests.get(self.url + "/ping", timeout=2).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except requests.RequestException:
+                # Not listening yet, or too busy loading to answer within 2 s: both
+                # mean "not ready", not "broken"; the deadline decides.
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"server not ready in {timeout}s:\n{self.log()}")
@@ -64,14 +81,24 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
-    def terminate(self, timeout: float = 40) -> int:
+    def terminate(self, timeout: float = 40) -> int | None:
+        """SIGTERM, then SIGKILL to the whole process group after timeout; idempotent."""
+        if self.proc is None:
+            return None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+            code = None
+        if not self._group_killed:
+            # Workers can outlive a master that was killed or crashed; the group takes them too.
+            self._group_killed = True
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return code if code is not None else self.proc.wait()
 
     def __enter__(self) -> "ServerProcess":
         return self if self.proc else self.start()
