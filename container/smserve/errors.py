@@ -41,3 +41,10 @@ class ServerError(HTTPError):
 
 class Unavailable(HTTPError):
     status = 503
+
+
+def json_error_body(message: str) -> bytes:
+    """The one error body every 4xx and 5xx carries: {"error": "<message>"}."""
+    import json
+
+    return json.dumps({"error": message}, separators=(",", ":")).encode()

@@ -7,17 +7,16 @@ after fork (CUDA cannot survive a fork).
 import os
 import shutil
 
-from smserve import hardware, logs
+from smserve import hardware, logs, readiness
 from smserve.settings import Settings
 
 _settings = Settings.from_env()
 
 bind = f"0.0.0.0:{_settings.port}"
-# gevent, less its subprocess patch, and closing kept-alive connections on SIGTERM.
+# gevent greenlets with read deadlines, a connection cap that evicts stalled clients,
+# and a SIGTERM drain that loses no request (worker.py says how).
 worker_class = "smserve.worker.GeventModelWorker"
 workers = _settings.workers or hardware.default_workers()
-# Many slow clients per worker are cheap for gevent; inference is queued behind them.
-worker_connections = 1000
 # The arbiter kills a worker whose event loop is silent this long. The loop never runs
 # the model (that is the inference thread's job) so only a hung worker trips this; it
 # still must exceed the longest request a client may wait for.
@@ -28,8 +27,8 @@ keepalive = 75
 preload_app = False
 wsgi_app = "smserve.app:create_app()"
 logconfig_dict = logs.config_dict(_settings.log_level, _settings.log_format)
-accesslog = "-"
-access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms'
+# The worker writes its own access lines (smserve.access: structured, /ping quiet).
+accesslog = None
 proc_name = "smserve"
 # A runtime control socket is one more writable path and, with several servers on one
 # host (tests, local runs), a shared one: nothing here needs it.
@@ -47,6 +46,14 @@ def post_fork(server, worker):
     # The app factory reads the index to pick its device.
     os.environ["SMSERVE_WORKER_INDEX"] = str(worker.smserve_index)
     os.environ["SMSERVE_WORKERS"] = str(server.num_workers)
+
+
+def child_exit(server, worker):
+    # In the master, the moment a worker is reaped (a crash included): its model no
+    # longer serves, so its ready marker goes now, not when a replacement starts.
+    state_dir = os.environ.get("SMSERVE_STATE_DIR")
+    if state_dir and getattr(worker, "smserve_index", None) is not None:
+        readiness.clear(state_dir, worker.smserve_index)
 
 
 def worker_exit(server, worker):

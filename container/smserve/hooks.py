@@ -2,18 +2,22 @@
 
 `model_fn(model_dir)`, `input_fn(body, content_type)`, `predict_fn(data, model)`,
 `output_fn(prediction, accept)`: each one defined replaces that built-in step, as in
-the SageMaker PyTorch serving toolkit users already know.
+the SageMaker PyTorch serving toolkit users already know. Two more are this project's:
+a predict_fn that yields streams its answer (streams.py), and
+`stream_fn(messages, model, context)` serves a bidirectional WebSocket session with
+state kept for the life of the connection (websocket.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
-HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn")
+HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "stream_fn")
 CODE_DIR = "code"
 SCRIPT = "inference.py"
 
@@ -24,11 +28,18 @@ class Hooks:
     input_fn: Callable | None = None
     predict_fn: Callable | None = None
     output_fn: Callable | None = None
+    stream_fn: Callable | None = None
+
+    @property
+    def streams(self) -> bool:
+        """predict_fn is a generator: every answer is streamed, item by item."""
+        return self.predict_fn is not None and inspect.isgeneratorfunction(self.predict_fn)
 
     @property
     def handles_bytes(self) -> bool:
-        """The user's code turns bodies into data or data into bodies itself."""
-        return self.input_fn is not None or self.output_fn is not None
+        """The user's code turns bodies into data or data into bodies itself (or
+        streams, which the batcher cannot split back into requests)."""
+        return self.input_fn is not None or self.output_fn is not None or self.streams
 
 
 def load_hooks(model_dir: str) -> Hooks:

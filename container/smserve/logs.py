@@ -16,6 +16,8 @@ class JsonFormatter(logging.Formatter):
             "pid": record.process,
             "message": record.getMessage(),
         }
+        # Structured fields (the access log's method, path, status, ...) as top-level keys.
+        entry.update(getattr(record, "fields", None) or {})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -37,5 +39,6 @@ def config_dict(level: str, fmt: str) -> dict:
         "loggers": {
             "gunicorn.error": {"level": level.upper(), "handlers": [], "propagate": True},
             "gunicorn.access": {"level": "INFO", "handlers": [], "propagate": True},
+            "smserve.access": {"level": level.upper(), "handlers": [], "propagate": True},
         },
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import gevent
 import numpy as np
@@ -60,12 +60,26 @@ class Runner:
 
     def infer(self, inputs: Arrays) -> Arrays:
         """Named arrays in, named arrays out, batched with whatever else is waiting."""
+        results = list(self.infer_by_pass(inputs))
+        if len(results) == 1:
+            return results[0]
+        return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
+
+    def passes(self, inputs: Arrays) -> int:
+        if self.max_batch_size <= 0 or not inputs:
+            return 1
+        return max(1, -(-_rows(inputs) // self.max_batch_size))
+
+    def infer_by_pass(self, inputs: Arrays) -> Iterator[Arrays]:
+        """The outputs of each forward pass, in order, as each pass ends. A request
+        bigger than the model's max batch size runs as several passes, all queued at
+        once so they follow each other without a gap."""
         if self._predict is None:
             raise ServerError("model is not loaded")
         if self.max_batch_size <= 0 or not inputs:
-            return self.call(self._predict, inputs)
+            yield self.call(self._predict, inputs)
+            return
         rows = _rows(inputs)
-        # A request bigger than the model's max batch size runs as several passes.
         chunks = [
             _Pending({k: v[start : start + self.max_batch_size] for k, v in inputs.items()},
                      min(self.max_batch_size, rows - start))
@@ -73,10 +87,8 @@ class Runner:
         ]
         for chunk in chunks:
             self._queue.put(chunk)
-        results = [chunk.result.get() for chunk in chunks]
-        if len(results) == 1:
-            return results[0]
-        return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
+        for chunk in chunks:
+            yield chunk.result.get()
 
     def _batch_loop(self) -> None:
         while True:

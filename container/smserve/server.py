@@ -5,15 +5,16 @@ No Flask here: the routes call these methods and turn their exceptions into resp
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import traceback
+from typing import Iterator
 
 import gevent
 import numpy as np
+from gevent.threadpool import ThreadPool
 
-from . import hardware
+from . import hardware, readiness, simple
 from .errors import BadRequest, HTTPError, ServerError, Unavailable
 from .metadata import ModelMetadata
 from .runner import Runner
@@ -25,6 +26,8 @@ LOADING, READY, FAILED = "loading", "ready", "failed"
 # Errors raised by a user's input_fn that mean "this body is bad", not "my code broke".
 CLIENT_DATA_ERRORS = (ValueError, TypeError, KeyError, UnicodeDecodeError)
 DEFAULT_PAYLOAD_MB = 6
+# Bodies (and outputs) from this size on are decoded (encoded) on a codec thread.
+OFFLOAD_BYTES = 256 * 1024
 
 
 class ModelServer:
@@ -37,6 +40,7 @@ class ModelServer:
         # all of them are ready (SageMaker sends traffic as soon as one ping is 200).
         self.state_dir = state_dir
         self.runner = Runner(max_delay_s=settings.max_batch_delay_ms / 1000.0)
+        self.codec_pool = ThreadPool(settings.codec_threads)
         self.status = LOADING
         self.error: str | None = None
         self.model = None  # LoadedModel once ready
@@ -48,12 +52,17 @@ class ModelServer:
         heartbeat keeps running however long a large model takes."""
         if self.state_dir:
             # A restarted worker must not inherit its predecessor's readiness.
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self._marker(self.worker_index))
+            readiness.clear(self.state_dir, self.worker_index)
         gevent.spawn(self._load)
 
-    def _marker(self, index: int) -> str:
-        return os.path.join(self.state_dir, f"worker-{index}.ready")
+    @property
+    def loading(self) -> bool:
+        return self.status == LOADING
+
+    def defers_accepting(self) -> bool:
+        """After the first full start, a (re)started worker takes connections only once
+        its model is loaded: the other workers serve meanwhile."""
+        return readiness.fully_started(self.state_dir)
 
     def _load(self) -> None:
         try:
@@ -70,7 +79,7 @@ class ModelServer:
         self.status = READY
         if self.state_dir:
             try:
-                open(self._marker(self.worker_index), "w").close()
+                readiness.mark_ready(self.state_dir, self.worker_index, self.workers)
             except OSError as e:
                 log.warning("cannot leave a ready marker in %s (%s): /ping speaks for this worker only", self.state_dir, e)
                 self.state_dir = None
@@ -95,11 +104,12 @@ class ModelServer:
         raise Unavailable("model is loading")
 
     def check_all_ready(self) -> None:
-        """This worker and every other one have loaded their model."""
+        """/ping: at the first start, this worker and every other one have loaded their
+        model; after it, this worker serves (a restarting one takes no connection)."""
         self.check_ready()
-        if not self.state_dir or not os.path.isdir(self.state_dir):
+        if not self.state_dir or not os.path.isdir(self.state_dir) or readiness.fully_started(self.state_dir):
             return
-        loading = [i for i in range(self.workers) if not os.path.exists(self._marker(i))]
+        loading = readiness.missing(self.state_dir, self.workers)
         if loading:
             raise Unavailable(f"model is loading in worker(s) {', '.join(map(str, loading))} of {self.workers}")
 
@@ -122,31 +132,60 @@ class ModelServer:
     def uses_byte_hooks(self) -> bool:
         return self.status == READY and self.model.hooks.handles_bytes
 
-    def infer_with_hooks(self, body: bytes, content_type: str, accept: str, decode, encode) -> tuple[bytes, str]:
+    @property
+    def streams(self) -> bool:
+        return self.status == READY and self.model.hooks.streams
+
+    def codec(self, size: int, fn, *args):
+        """Run a decode or encode: inline when it is small (a thread hop costs more than
+        the work), on a codec thread when its cost grows with a big body, so the event
+        loop keeps answering /ping meanwhile."""
+        if size < OFFLOAD_BYTES:
+            return fn(*args)
+        return self.codec_pool.apply(fn, args)
+
+    def passes(self, inputs: dict[str, np.ndarray]) -> int:
+        """How many forward passes a request takes (more than one past the max batch)."""
+        return self.runner.passes(inputs)
+
+    def infer_by_pass(self, inputs: dict[str, np.ndarray]):
+        self.check_ready()
+        return self.runner.infer_by_pass(inputs)
+
+    def _hook_input(self, message):
+        """The model's input: its input_fn's, or the built-in decoder's."""
+        model = self.model
+        if model.hooks.input_fn is not None:
+            try:
+                return model.hooks.input_fn(message.body, message.content_type)
+            except HTTPError:
+                raise
+            except CLIENT_DATA_ERRORS as e:
+                raise BadRequest(f"input_fn rejected the body: {type(e).__name__}: {e}") from e
+        return model.to_model_input(simple.decode(message.body, message.content_type, model.metadata))
+
+    def _hook_predict(self, data):
+        try:
+            return self.model.predict_data(data)
+        except HTTPError:
+            raise
+        except Exception as e:
+            log.exception("predict failed")
+            raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
+
+    def infer_with_hooks(self, message, accept: str, encode):
         """The SageMaker hook chain, each missing hook replaced by the built-in step,
-        all on the inference thread (user code may be CPU-bound). decode and encode are
-        the built-in steps (encode None: the user's output_fn)."""
+        all on the inference thread (user code may be CPU-bound). encode is the
+        built-in encoder (None: the user's output_fn). Returns (body, media type), or
+        the iterator a predict_fn returned (to stream)."""
         self.check_ready()
         model = self.model
         hooks = model.hooks
 
         def chain():
-            if hooks.input_fn is not None:
-                try:
-                    data = hooks.input_fn(body, content_type)
-                except HTTPError:
-                    raise
-                except CLIENT_DATA_ERRORS as e:
-                    raise BadRequest(f"input_fn rejected the body: {type(e).__name__}: {e}") from e
-            else:
-                data = model.to_model_input(decode())
-            try:
-                prediction = model.predict_data(data)
-            except HTTPError:
-                raise
-            except Exception as e:
-                log.exception("predict failed")
-                raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
+            prediction = self._hook_predict(self._hook_input(message))
+            if _is_stream(prediction):
+                return prediction
             if encode is None:
                 result = hooks.output_fn(prediction, accept)
                 if isinstance(result, tuple):
@@ -157,6 +196,45 @@ class ModelServer:
             return encode(model.outputs_to_numpy(prediction))
 
         return self.runner.call(chain)
+
+    def stream_with_hooks(self, message, stream_format) -> Iterator[bytes]:
+        """A streaming predict_fn's answer, chunk by chunk."""
+        self.check_ready()
+        iterator = self.runner.call(lambda: self._hook_predict(self._hook_input(message)))
+        return self.stream_items(iterator, stream_format)
+
+    def stream_items(self, iterator, stream_format) -> Iterator[bytes]:
+        """Advance a model's iterator on the inference thread, one item per hop, so
+        other requests interleave with a long stream; each item is encoded there too.
+        Closing this generator (the client went away) closes the model's iterator, so
+        the device is not left working for nobody."""
+        iterator = iter(iterator)
+
+        def step():
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return None
+            except HTTPError:
+                raise
+            except Exception as e:
+                log.exception("predict_fn failed while streaming")
+                raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
+            return stream_format.item(item)
+
+        finished = False
+        try:
+            while True:
+                chunk = self.runner.call(step)
+                if chunk is None:
+                    finished = True
+                    return
+                if chunk:
+                    yield chunk
+        finally:
+            if not finished and hasattr(iterator, "close"):
+                log.info("stream closed before its end: closing the model's generator")
+                self.runner.call(iterator.close)
 
     # ------------------------------------------------------------ batch transform
 
@@ -182,3 +260,11 @@ def worker_slot_from_env() -> dict:
         "workers": int(workers) if workers else None,
         "state_dir": os.environ.get("SMSERVE_STATE_DIR"),
     }
+
+
+def _is_stream(prediction) -> bool:
+    """A predict_fn's result that is an iterator of items, not data."""
+    import types
+
+    return isinstance(prediction, types.GeneratorType) or (
+        hasattr(prediction, "__next__") and not hasattr(prediction, "shape"))

@@ -51,6 +51,15 @@ class Settings:
     # max_batch_size) and how long the first request of a batch may wait for company.
     max_batch_size: int | None = None
     max_batch_delay_ms: float = 0.0
+    # Slow clients: the request head must arrive within header_timeout seconds, the
+    # body within body_timeout (well under SageMaker's 60 s invocation limit); at most
+    # max_connections per worker, the longest-waiting evicted first at the cap.
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_connections: int = 4096
+    # Requests whose decode or encode cost grows with the body run on this many
+    # codec threads, off the event loop.
+    codec_threads: int = 2
     torch_threads: int | None = None
     device: str = "auto"
     log_level: str = "info"
@@ -107,6 +116,16 @@ def _delay_ms(raw: str) -> float:
         raise ValueError(f"must be a number of milliseconds from 0 to {MAX_BATCH_DELAY_MS}") from None
     if not 0 <= value <= MAX_BATCH_DELAY_MS:  # also rejects nan and inf
         raise ValueError(f"must be a number of milliseconds from 0 to {MAX_BATCH_DELAY_MS}")
+    return value
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("must be a number of seconds greater than 0") from None
+    if not 0 < value <= 86400:  # also rejects nan and inf
+        raise ValueError("must be a number of seconds greater than 0 (at most 86400)")
     return value
 
 
@@ -170,6 +189,10 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "max_request_mb": (PREFIX + "MAX_REQUEST_MB", _positive_int),
     "max_batch_size": (PREFIX + "MAX_BATCH_SIZE", _positive_int),
     "max_batch_delay_ms": (PREFIX + "MAX_BATCH_DELAY_MS", _delay_ms),
+    "header_timeout": (PREFIX + "HEADER_TIMEOUT", _seconds),
+    "body_timeout": (PREFIX + "BODY_TIMEOUT", _seconds),
+    "max_connections": (PREFIX + "MAX_CONNECTIONS", _positive_int),
+    "codec_threads": (PREFIX + "CODEC_THREADS", _positive_int),
     "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),
     "device": (PREFIX + "DEVICE", _device),
     "log_level": (PREFIX + "LOG_LEVEL", _one_of(LOG_LEVELS)),

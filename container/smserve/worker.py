@@ -1,18 +1,102 @@
-"""gunicorn's gevent worker, with the two changes serving a model needs.
+"""The gunicorn worker: gevent greenlets for HTTP, with the guarantees SageMaker needs.
 
-Used through `worker_class` in gunicorn_conf.py.
+Used through `worker_class` in gunicorn_conf.py. gunicorn's own gevent worker parses
+and answers requests well, but under the conditions SageMaker creates it loses work
+and health: it drops requests already waiting on kept-alive connections at SIGTERM,
+holds a client that stalls mid-body forever, lets a slow-client flood fill its
+connection pool so `/ping` cannot get in, answers a truncated body as if it were
+whole, and accepts connections while its model is still loading. This worker keeps
+gunicorn's parser, WSGI environ and response writer and owns the connection loop:
+
+- Each connection has deadlines: its request head must arrive within
+  SMSERVE_HEADER_TIMEOUT, its body within SMSERVE_BODY_TIMEOUT, and a kept-alive
+  connection may idle for `keepalive` seconds. The body is read whole, here, before
+  the app runs: a body shorter than its Content-Length, a malformed chunk or one over
+  the payload limit is answered with a JSON error and the connection closed.
+- At most SMSERVE_MAX_CONNECTIONS connections; at the cap, a new connection evicts the
+  one that has waited longest for request bytes, so a flood of stalled clients can
+  never lock out SageMaker's health check.
+- SIGTERM: stop accepting, serve every request whose bytes already reached the
+  server (on any connection, pipelined ones included; the accept backlog too), close
+  connections with no request byte waiting at once, exit when the last answer is out.
+- After the first full start, a (re)started worker accepts connections only once its
+  model is loaded, so it never answers 503 while the other workers serve.
 """
 
+from __future__ import annotations
+
+import io
+import logging
 import os
+import resource
 import socket
+import sys
+import time
 
-from gevent import monkey
+import gevent
+from gevent import hub, monkey
 from gevent import socket as gevent_socket
-from gunicorn.workers.ggevent import GeventWorker
+from gevent.server import StreamServer
+from gunicorn.http import errors as http_errors
+from gunicorn.http import wsgi
+from gunicorn.http.parser import RequestParser
+from gunicorn.workers import base
+
+from . import access
+from .errors import json_error_body
+
+log = logging.getLogger(__name__)
+
+REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable"}
+READ_SIZE = 1024 * 1024
 
 
-class GeventModelWorker(GeventWorker):
-    def patch(self):
+class _Close(Exception):
+    """Ends a connection that is waiting for a request: idle at shutdown, or evicted."""
+
+
+class _ClientError(Exception):
+    """The request cannot be served as sent; answered with a JSON error, then closed."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class _Connection:
+    __slots__ = ("sock", "greenlet", "waiting_since", "busy")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.greenlet = gevent.getcurrent()
+        self.waiting_since = time.monotonic()  # waiting for request bytes since
+        self.busy = False  # a request is being read or answered
+
+
+def bytes_waiting(sock) -> bool:
+    """Whether the socket holds unread bytes (or an end of file): a non-blocking check,
+    on the raw descriptor, so gevent never parks the caller."""
+    try:
+        sock._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        pass  # reset or broken: reading it ends the connection promptly
+    return True  # a byte, or the end of file
+
+
+class GeventModelWorker(base.Worker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.connections: dict[object, _Connection] = {}
+        self.servers: list[StreamServer] = []
+
+    # ------------------------------------------------------------ process set-up
+
+    def init_process(self):
         # gevent's subprocess works only on the thread that runs gevent's loop, but the
         # model is imported, loaded and run on the inference thread, and CUDA builds of
         # torch start a process on import there (cuda.pathfinder -> ctypes.util.
@@ -22,41 +106,290 @@ class GeventModelWorker(GeventWorker):
         self.sockets = [
             gevent_socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets
         ]
+        hub.reinit()
+        from .settings import Settings
 
-    def init_process(self):
-        # Connections waiting for their next (or first) request.
-        self.idle_connections = set()
+        self.settings = Settings.from_env()
+        self.max_connections = _connection_cap(self.settings.max_connections, self.cfg.workers)
         super().init_process()
 
-    def handle_request(self, listener_name, req, sock, addr):
-        self.idle_connections.discard(sock)
-        handled = super().handle_request(listener_name, req, sock, addr)
+    def init_signals(self):
+        super().init_signals()
+        # gunicorn's handle_exit only flips `alive`; ours also closes idle connections,
+        # which must not run inside a signal handler (it switches greenlets).
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda sig, frame: gevent.spawn(self.begin_drain))
+
+    def handle_quit(self, sig, frame):
+        gevent.spawn(super().handle_quit, sig, frame)
+
+    def handle_usr1(self, sig, frame):
+        gevent.spawn(super().handle_usr1, sig, frame)
+
+    def notify(self):
+        super().notify()
+        if self.ppid != os.getppid():
+            self.log.info("Parent changed, shutting down: %s", self)
+            sys.exit(0)
+
+    @property
+    def model_server(self):
+        return self.wsgi.extensions["smserve"]
+
+    # ------------------------------------------------------------ main loop
+
+    def run(self):
+        if self.model_server.defers_accepting():
+            self._wait_for_model()
+        for listener in self.sockets:
+            listener.setblocking(1)
+            server = StreamServer(listener, handle=self._handler(listener), spawn=gevent.spawn)
+            if self.cfg.workers > 1:
+                server.max_accept = 1  # spread a burst of connections over the workers
+            server.start()
+            self.servers.append(server)
+        while self.alive:
+            self.notify()
+            gevent.sleep(1.0)
+        self._drain()
+
+    def _wait_for_model(self):
+        """A worker restarted after the first full start: the others serve meanwhile,
+        so this one takes no connection until its model is ready (or failed to load)."""
+        while self.alive and self.model_server.loading:
+            self.notify()
+            gevent.sleep(0.1)
+
+    def begin_drain(self):
+        """SIGTERM: stop accepting; close every connection that has no request waiting."""
         if not self.alive:
-            # Shutting down: the connection ends with the request it carried. gunicorn
-            # only sends Connection: close on requests that begin after SIGTERM.
-            raise StopIteration()
-        self.idle_connections.add(sock)
-        return handled
+            return
+        self.alive = False
+        for server in self.servers:
+            server.close()
+        # Connections still queued in the listen backlog may carry whole requests.
+        for listener in self.sockets:
+            self._accept_backlog(listener)
+        for conn in list(self.connections.values()):
+            self._close_if_idle(conn)
+
+    def _accept_backlog(self, listener):
+        while True:
+            try:
+                raw, addr = listener._sock._accept()
+            except (BlockingIOError, InterruptedError, OSError):
+                return
+            client = gevent_socket.socket(listener.family, listener.type, fileno=raw)
+            gevent.spawn(self.handle, listener, client, addr)
+
+    def _close_if_idle(self, conn: _Connection) -> None:
+        if not conn.busy and not bytes_waiting(conn.sock):
+            conn.greenlet.kill(_Close, block=False)
+
+    def _drain(self):
+        deadline = time.monotonic() + self.cfg.graceful_timeout
+        while self.connections and time.monotonic() < deadline:
+            self.notify()
+            for conn in list(self.connections.values()):
+                self._close_if_idle(conn)
+            gevent.sleep(0.05)
+        if self.connections:
+            self.log.warning("Worker graceful timeout (pid:%s): %d connection(s) cut", self.pid, len(self.connections))
+            for conn in list(self.connections.values()):
+                conn.greenlet.kill(block=False)
+            gevent.sleep(0.5)
+
+    # ------------------------------------------------------------ connections
+
+    def _handler(self, listener):
+        def handle(client, addr):
+            self.handle(listener, client, addr)
+
+        return handle
+
+    def _admit(self) -> None:
+        """At the connection cap, evict the connection that has waited longest for
+        request bytes (stalled or idle); busy connections are never evicted."""
+        if len(self.connections) < self.max_connections:
+            return
+        waiting = [c for c in self.connections.values() if not c.busy]
+        if waiting:
+            oldest = min(waiting, key=lambda c: c.waiting_since)
+            oldest.greenlet.kill(_Close, block=False)
 
     def handle(self, listener, client, addr):
-        # Idle until its first request too: a client may connect and send nothing.
-        self.idle_connections.add(client)
+        self._admit()
+        conn = _Connection(client)
+        self.connections[client] = conn
         try:
-            super().handle(listener, client, addr)
+            client.setblocking(1)
+            self._serve_connection(listener, conn, addr)
+        except (_Close, gevent.GreenletExit):
+            pass
+        except OSError as e:
+            self.log.debug("connection ended: %s", e)
+        except Exception:
+            self.log.exception("error serving a connection")
         finally:
-            self.idle_connections.discard(client)
-
-    def handle_exit(self, sig, frame):
-        super().handle_exit(sig, frame)
-        # A load balancer keeps its connections alive; an idle one would hold this
-        # worker until graceful_timeout, and then the arbiter kills it. Close idle
-        # connections now, as any server may. Shutting down a duplicate descriptor makes
-        # the kernel end the waiting read with end-of-file, so gunicorn closes the
-        # connection as if the client had (gevent's own shutdown() would cancel the read
-        # with EBADF, which gunicorn logs as an error).
-        for sock in list(self.idle_connections):
+            self.connections.pop(client, None)
             try:
-                with socket.socket(fileno=os.dup(sock.fileno())) as duplicate:
-                    duplicate.shutdown(socket.SHUT_RDWR)
+                client.close()
             except OSError:
                 pass
+
+    def _serve_connection(self, listener, conn: _Connection, addr) -> None:
+        sock = conn.sock
+        parser = RequestParser(self.cfg, sock, addr)
+        listener_name = listener.getsockname()
+        first = True
+        while True:
+            conn.busy = False
+            conn.waiting_since = time.monotonic()
+            if not _buffered(parser):
+                if not self.alive and not bytes_waiting(sock):
+                    return
+                # The first request's head must come promptly; later ones may wait
+                # for as long as a kept-alive connection may idle.
+                idle = self.settings.header_timeout if first else self.cfg.keepalive
+                gevent_socket.wait_read(sock.fileno(), timeout=idle, timeout_exc=_Close)
+            conn.busy = True
+            first = False
+            try:
+                with gevent.Timeout(self.settings.header_timeout, _ClientError(408, "request head not received in time")):
+                    req = next(parser)
+            except StopIteration:
+                return
+            except http_errors.NoMoreData:
+                return  # the client closed between requests
+            except _ClientError as e:
+                self._send_error(sock, e.status, e.message)
+                return
+            except http_errors.ParseException as e:
+                status, message = _parse_error(e)
+                self._send_error(sock, status, message)
+                return
+            if not self.handle_request(listener_name, req, sock, addr, parser):
+                return
+
+    def handle_request(self, listener_name, req, sock, addr, parser) -> bool:
+        """Serve one request; True when the connection may carry another."""
+        started = time.monotonic()
+        resp, environ = wsgi.create(req, sock, addr, listener_name, self.cfg)
+        environ["wsgi.multithread"] = True
+        try:
+            body = self._read_body(req)
+        except _ClientError as e:
+            self._send_error(sock, e.status, e.message)
+            access.log_request(environ, e.status, 0, started)
+            return False
+        environ["smserve.body"] = body  # the app takes it as it is, without a copy
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        environ.pop("HTTP_TRANSFER_ENCODING", None)
+        environ["smserve.worker"] = self
+        self.nr += 1
+        if self.nr >= self.max_requests and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            gevent.spawn(self.begin_drain)
+        if not self.alive and not (_buffered(parser) or bytes_waiting(sock)):
+            # Shutting down and no further request has arrived: this answer is the last.
+            resp.force_close()
+        respiter = self.wsgi(environ, resp.start_response)
+        try:
+            for item in respiter:
+                resp.write(item)
+            resp.close()
+        except Exception:
+            if resp.headers_sent:
+                # A streamed answer failed part-way: ending the connection without the
+                # final chunk is how HTTP says the body is incomplete.
+                self.log.exception("response failed after its headers were sent")
+                return False
+            raise
+        finally:
+            if hasattr(respiter, "close"):
+                respiter.close()
+            access.log_request(environ, resp.status_code or 0, resp.sent, started)
+        if resp.should_close():
+            return False
+        # After SIGTERM, a connection goes on only while requests are already waiting.
+        return self.alive or _buffered(parser) or bytes_waiting(sock)
+
+    def _read_body(self, req) -> bytes:
+        """The whole body, within the body deadline and the payload limit."""
+        limit = self.settings.max_body_bytes
+        declared = _content_length(req)
+        if declared is not None and declared > limit:
+            raise _ClientError(413, f"request body of {declared} bytes exceeds the payload limit of {limit} bytes")
+        if req.body is None:
+            return b""
+        parts = []
+        total = 0
+        try:
+            with gevent.Timeout(self.settings.body_timeout,
+                                _ClientError(408, f"request body not received within {self.settings.body_timeout} s")):
+                while True:
+                    data = req.body.read(READ_SIZE)
+                    if not data:
+                        break
+                    total += len(data)
+                    if total > limit:
+                        raise _ClientError(413, f"request body exceeds the payload limit of {limit} bytes")
+                    parts.append(data)
+        except (http_errors.ParseException, http_errors.NoMoreData) as e:
+            status, message = _parse_error(e)
+            raise _ClientError(status, f"malformed request body: {message}") from None
+        if declared is not None and total < declared:
+            raise _ClientError(400, f"request body ended after {total} of its {declared} bytes (Content-Length)")
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _send_error(self, sock, status: int, message: str) -> None:
+        body = json_error_body(message)
+        head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+        try:
+            with gevent.Timeout(5, False):
+                sock.sendall(head.encode("latin-1") + body)
+        except OSError:
+            pass
+
+
+def _buffered(parser) -> bool:
+    """Bytes of a next (pipelined) request already read off the socket."""
+    return parser.unreader.buf.getbuffer().nbytes > 0
+
+
+def _content_length(req) -> int | None:
+    for name, value in req.headers:
+        if name == "CONTENT-LENGTH":
+            return int(value)  # gunicorn has checked it is one non-negative integer
+    return None
+
+
+def _parse_error(e: Exception) -> tuple[int, str]:
+    if isinstance(e, http_errors.NoMoreData):
+        return 400, "the connection ended inside the request"
+    status = getattr(e, "code", 400)
+    if isinstance(e, http_errors.LimitRequestLine):
+        status = 414
+    elif isinstance(e, http_errors.LimitRequestHeaders):
+        status = 431
+    elif isinstance(e, http_errors.UnsupportedTransferCoding):
+        status = 501
+    if not 400 <= status < 600:
+        status = 400
+    return status, f"{type(e).__name__}: {e}"
+
+
+def _connection_cap(setting: int, workers: int) -> int:
+    """The configured cap, but never more than this process may open: raise the soft
+    descriptor limit to the hard one and keep room for files and the model."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return max(16, min(setting, soft - 128))

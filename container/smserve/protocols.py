@@ -1,0 +1,309 @@
+"""The wire protocols of /invocations, as one table that every route uses.
+
+Each protocol says which requests it takes (from the Content-Type, a v2 header and
+what the model's hooks handle) and how a body becomes an answer: decode, infer,
+encode. `/invocations` and the WebSocket session pick the first protocol that takes a
+message and call it; neither re-implements the choice. Decoding and encoding whose
+cost grows with the body run on the codec threads, inference on the inference thread,
+so the event loop only moves bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from werkzeug.datastructures import MIMEAccept
+from werkzeug.http import parse_accept_header
+
+from . import simple, streams, v2
+from .errors import BadRequest, NotAcceptable, UnsupportedMediaType
+from .inference import InferenceRequest
+from .settings import Settings
+
+OCTET_STREAM = "application/octet-stream"
+# Answers of one line per record, which can leave pass by pass.
+LINE_TYPES = (simple.CSV, simple.JSONLINES)
+SUPPORTED_REQUEST_TYPES = (
+    "application/json (simple or KServe v2)",
+    "text/csv",
+    "application/jsonlines",
+    "application/x-npy",
+    "application/octet-stream (KServe v2 binary)",
+    "application/vnd.sagemaker-triton.binary+json;json-header-size=N",
+)
+
+
+@dataclass
+class Message:
+    """One request, whatever carried it: an HTTP body or a WebSocket message."""
+
+    body: bytes
+    content_type: str = ""
+    accept: str | None = None
+    # The Inference-Header-Content-Length header (HTTP only).
+    v2_header_length: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return simple.media_type(self.content_type)
+
+
+@dataclass
+class Reply:
+    """An answer: one body, or chunks to stream as they come (`body` an iterator)."""
+
+    body: bytes | Iterable[bytes]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def streamed(self) -> bool:
+        return not isinstance(self.body, (bytes, bytearray, memoryview))
+
+    @property
+    def media(self) -> str:
+        return self.headers.get("Content-Type", "")
+
+
+class Protocol:
+    name = ""
+
+    def takes(self, message: Message, server) -> bool:
+        raise NotImplementedError
+
+    def answer(self, message: Message, server, settings: Settings) -> Reply:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- KServe v2
+
+
+class _V2(Protocol):
+    """KServe v2 with Triton's binary extension; a v2 request gets a v2 answer."""
+
+    def header_length(self, message: Message) -> int | None:
+        raise NotImplementedError
+
+    def answer(self, message, server, settings):
+        metadata = server.metadata
+        header_length = self.header_length(message)
+        inference = server.codec(len(message.body), v2.decode_request, message.body, header_length, metadata)
+        return v2_reply(server, inference, sagemaker=True)
+
+
+class SageMakerBinary(_V2):
+    """`application/vnd.sagemaker-triton.binary+json;json-header-size=N`: SageMaker strips
+    custom headers, so the JSON header's length travels in the Content-Type."""
+
+    name = "sagemaker-binary"
+
+    def takes(self, message, server):
+        return v2.SAGEMAKER_BINARY_CONTENT_TYPE in message.content_type
+
+    def header_length(self, message):
+        return v2.sagemaker_header_length(message.content_type, len(message.body))
+
+
+class V2OctetStream(_V2):
+    """`application/octet-stream` + Inference-Header-Content-Length; without the header,
+    the raw bytes of the model's one input (unless the model's input_fn takes it)."""
+
+    name = "v2-binary"
+
+    def takes(self, message, server):
+        return message.kind == OCTET_STREAM and (message.v2_header_length is not None or not server.has_input_fn)
+
+    def header_length(self, message):
+        return v2.header_length_from_header(message.v2_header_length, len(message.body)) or 0
+
+
+class V2JsonBinary(_V2):
+    """`application/json` + Inference-Header-Content-Length: a v2 JSON header, then blobs."""
+
+    name = "v2-json-binary"
+
+    def takes(self, message, server):
+        return message.kind == simple.JSON and message.v2_header_length is not None
+
+    def header_length(self, message):
+        return v2.header_length_from_header(message.v2_header_length, len(message.body))
+
+
+def v2_reply(server, inference: InferenceRequest, sagemaker: bool) -> Reply:
+    results = server.infer(inference.inputs)
+    size = sum(a.nbytes for a in results.values())
+    payload, header_length = server.codec(size, _encode_v2, inference, results, server.metadata)
+    return Reply(payload, v2.response_headers(header_length, sagemaker))
+
+
+def _encode_v2(inference, results, metadata):
+    return v2.encode_response(v2.build_response(inference, results, metadata))
+
+
+# ---------------------------------------------------------------- the model's hooks
+
+
+class Hooks(Protocol):
+    """The model's own input_fn / output_fn (or a predict_fn that streams) decides:
+    any Content-Type when it has an input_fn, the simple types otherwise."""
+
+    name = "hooks"
+
+    def takes(self, message, server):
+        if not server.uses_byte_hooks:
+            return False
+        return server.has_input_fn or message.kind in simple.MEDIA_TYPES
+
+    def answer(self, message, server, settings):
+        default = default_accept(settings, message.kind)
+        if server.streams:
+            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn is not None)
+            return streams.reply(server, server.stream_with_hooks(message, stream_format), stream_format)
+        if server.model.hooks.output_fn is not None:
+            # The user's output_fn may speak types we do not: it gets the client's first choice.
+            accept, encode = preferred(message.accept, default), None
+        else:
+            accept = negotiate(message.accept, default)
+            batched = server.metadata.max_batch_size > 0
+
+            def encode(outputs):
+                return simple.encode(outputs, accept, batched)
+
+        result = server.infer_with_hooks(message, accept, encode)
+        if not isinstance(result, tuple):  # predict_fn returned an iterator: stream it
+            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn is not None)
+            return streams.reply(server, server.stream_items(result, stream_format, accept), stream_format)
+        payload, media = result
+        return Reply(payload, {"Content-Type": media})
+
+
+# ---------------------------------------------------------------- simple types
+
+
+class Json(Protocol):
+    """`application/json`: simple tensors as the SageMaker SDK sends them, or a whole
+    KServe v2 JSON request (recognised by its `inputs` list of named tensors)."""
+
+    name = "json"
+
+    def takes(self, message, server):
+        return message.kind == simple.JSON
+
+    def answer(self, message, server, settings):
+        if not message.body:
+            raise BadRequest("request body is empty")
+        decoded = server.codec(len(message.body), _decode_json, message.body, server.metadata)
+        if isinstance(decoded, InferenceRequest):
+            return v2_reply(server, decoded, sagemaker=True)
+        return simple_reply(server, settings, message, decoded)
+
+
+def _decode_json(body: bytes, metadata):
+    try:
+        document = simple.parse_json(body)
+    except BadRequest as e:
+        raise BadRequest(
+            f"{e.message} (if binary tensors follow a JSON header, give the header's length in "
+            f"'{v2.SAGEMAKER_BINARY_CONTENT_TYPE}N' or the {v2.HEADER_LENGTH_HEADER} header)"
+        ) from None
+    if v2.is_v2_document(document):
+        return v2.decode_json_request(document, metadata)
+    return simple.decode_json(document, metadata)
+
+
+class Simple(Protocol):
+    """CSV, JSON Lines and .npy: one record a line (or an array), answered by Accept."""
+
+    name = "simple"
+
+    def takes(self, message, server):
+        return message.kind in (simple.CSV, simple.JSONLINES, simple.NPY)
+
+    def answer(self, message, server, settings):
+        inputs = server.codec(len(message.body), simple.decode, message.body, message.content_type, server.metadata)
+        return simple_reply(server, settings, message, inputs)
+
+
+def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
+    accept = negotiate(message.accept, default_accept(settings, message.kind))
+    batched = server.metadata.max_batch_size > 0
+    if accept in LINE_TYPES and server.passes(inputs) > 1:
+        # Many records in a line format: each pass's lines leave as the pass ends, so
+        # the first lines go out before the last pass runs.
+        return Reply(_lines_by_pass(server, inputs, accept, batched), {"Content-Type": accept})
+    outputs = server.infer(inputs)
+    payload, media = server.codec(_nbytes(outputs), simple.encode, outputs, accept, batched)
+    return Reply(payload, {"Content-Type": media})
+
+
+def _lines_by_pass(server, inputs, accept: str, batched: bool) -> Iterator[bytes]:
+    for outputs in server.infer_by_pass(inputs):
+        payload, _ = server.codec(_nbytes(outputs), simple.encode, outputs, accept, batched)
+        yield payload
+
+
+def _nbytes(outputs) -> int:
+    return sum(getattr(a, "nbytes", 0) for a in outputs.values())
+
+
+# ---------------------------------------------------------------- the table
+
+# Order matters: the v2 forms are recognised by their headers before the model's hooks
+# see a body; JSON is sniffed for a v2 document only when no hook takes it.
+PROTOCOLS: tuple[Protocol, ...] = (SageMakerBinary(), V2OctetStream(), V2JsonBinary(), Hooks(), Json(), Simple())
+
+
+def choose(message: Message, server) -> Protocol:
+    for protocol in PROTOCOLS:
+        if protocol.takes(message, server):
+            return protocol
+    raise UnsupportedMediaType(
+        f"unsupported Content-Type {message.content_type!r}; send one of: " + ", ".join(SUPPORTED_REQUEST_TYPES)
+    )
+
+
+def answer(message: Message, server, settings: Settings) -> Reply:
+    """The one way a message becomes a reply, for every route."""
+    protocol = choose(message, server)
+    server.check_ready()
+    return protocol.answer(message, server, settings)
+
+
+# ---------------------------------------------------------------- Accept
+
+
+def default_accept(settings: Settings, request_kind: str) -> str:
+    """SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT if set; in batch mode a CSV or JSON Lines
+    request's own type, so AssembleWith=Line gets one line per record; else JSON."""
+    if settings.default_accept:
+        return settings.default_accept
+    if settings.batch and request_kind in (simple.CSV, simple.JSONLINES):
+        return request_kind
+    return simple.JSON
+
+
+def accept_values(header: str | None) -> MIMEAccept:
+    # Media-type parameters (charset=utf-8, header=present) are not ours to match on.
+    parsed = parse_accept_header(header or "", MIMEAccept)
+    return MIMEAccept([(value.split(";")[0].strip(), q) for value, q in parsed])
+
+
+def preferred(header: str | None, default: str) -> str:
+    """The client's most wanted concrete media type, for a user's output_fn."""
+    for value, q in sorted(accept_values(header), key=lambda item: -item[1]):
+        if q > 0 and "*" not in value:
+            return value
+    return default
+
+
+def negotiate(header: str | None, default: str, offers: tuple[str, ...] = simple.MEDIA_TYPES) -> str:
+    """The best media type the Accept header allows (q-values honoured); 406 if none."""
+    if not header:
+        return default
+    # On a tie (e.g. */*) werkzeug prefers the earlier offer: the default comes first.
+    aliases = simple.ALIASES if offers == simple.MEDIA_TYPES else {}
+    candidates = [default] + [m for m in offers if m != default] + list(aliases)
+    best = accept_values(header).best_match(candidates)
+    if best is None:
+        raise NotAcceptable(f"cannot produce any of Accept: {header}; supported: {', '.join(offers)}")
+    return aliases.get(best, best)

@@ -1,0 +1,137 @@
+"""Response streaming (SageMaker's InvokeEndpointWithResponseStream).
+
+SageMaker relays whatever the container writes as it arrives; the container streams by
+answering with `Transfer-Encoding: chunked`. A model streams when its predict_fn
+yields: each item is encoded here and sent as its own chunk as soon as it exists.
+
+Formats, by Accept: `application/jsonlines` (the default: one JSON value a line),
+`text/event-stream` (Server-Sent Events: `data: <json>` per item, then `event: end`),
+`text/plain` (str items as they are). A failure after the first chunk cannot change
+the status any more: the stream ends with an error record in its own format.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import orjson
+
+from .errors import HTTPError, NotAcceptable
+
+log = logging.getLogger(__name__)
+
+JSONLINES = "application/jsonlines"
+EVENT_STREAM = "text/event-stream"
+TEXT = "text/plain"
+STREAM_TYPES = (JSONLINES, EVENT_STREAM, TEXT)
+# Relays and proxies must pass chunks on as they come.
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def to_json(value) -> bytes:
+    """One item as JSON: numpy arrays and scalars natively, tensors through numpy,
+    non-finite floats as null (JSON has no NaN)."""
+    return orjson.dumps(value, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _json_default(value):
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch
+        return value.detach().cpu().numpy().tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    raise TypeError(f"cannot send a {type(value).__name__} as JSON")
+
+
+@dataclass(frozen=True)
+class StreamFormat:
+    media: str
+    # The user's output_fn, called per item with the negotiated media type.
+    output_fn: Callable | None = None
+
+    def item(self, value) -> bytes:
+        if self.output_fn is not None:
+            result = self.output_fn(value, self.media)
+            if isinstance(result, tuple):
+                result = result[0]
+            return result.encode() if isinstance(result, str) else bytes(result)
+        if self.media == TEXT:
+            if isinstance(value, str):
+                return value.encode()
+            if isinstance(value, (bytes, bytearray)):
+                return bytes(value)
+            return to_json(value) + b"\n"
+        if self.media == EVENT_STREAM:
+            return b"data: " + to_json(value) + b"\n\n"
+        return to_json(value) + b"\n"
+
+    def error(self, message: str) -> bytes:
+        if self.media == EVENT_STREAM:
+            return b"event: error\ndata: " + to_json({"error": message}) + b"\n\n"
+        if self.media == TEXT and self.output_fn is None:
+            return b"\n" + to_json({"error": message}) + b"\n"
+        return to_json({"error": message}) + b"\n"
+
+    def end(self) -> bytes:
+        return b"event: end\ndata: {}\n\n" if self.media == EVENT_STREAM else b""
+
+
+def negotiate(accept: str | None, output_fn: Callable | None) -> StreamFormat:
+    """The stream's format. With an output_fn the client's first choice goes to it."""
+    from .protocols import negotiate as negotiate_accept
+    from .protocols import preferred
+
+    if output_fn is not None:
+        return StreamFormat(preferred(accept, JSONLINES), output_fn)
+    try:
+        return StreamFormat(negotiate_accept(accept, JSONLINES, STREAM_TYPES))
+    except NotAcceptable:
+        raise NotAcceptable(
+            f"this model streams its answer; cannot produce Accept: {accept}; "
+            f"supported: {', '.join(STREAM_TYPES)}"
+        ) from None
+
+
+def reply(server, chunks: Iterator[bytes], stream_format: StreamFormat):
+    """A streamed Reply. The first chunk is computed before the status is sent, so a
+    request that fails at once still gets its 4xx/5xx."""
+    from .protocols import Reply
+
+    chunks = iter(chunks)
+    try:
+        first = next(chunks)
+    except StopIteration:
+        first = None
+    except BaseException:
+        close = getattr(chunks, "close", None)
+        if close:
+            close()
+        raise
+    return Reply(_after_first(first, chunks, stream_format), {"Content-Type": stream_format.media, **STREAM_HEADERS})
+
+
+def _after_first(first: bytes | None, chunks: Iterator[bytes], stream_format: StreamFormat) -> Iterator[bytes]:
+    try:
+        if first is not None:
+            yield first
+        for chunk in chunks:
+            yield chunk
+        end = stream_format.end()
+        if end:
+            yield end
+    except HTTPError as e:
+        log.error("stream failed after its first chunk: %s", e.message)
+        yield stream_format.error(e.message)
+    except Exception as e:  # noqa: BLE001 - the status is sent; the stream says what broke
+        log.exception("stream failed after its first chunk")
+        yield stream_format.error(f"{type(e).__name__}: {e}")
+    finally:
+        close = getattr(chunks, "close", None)
+        if close:
+            close()
