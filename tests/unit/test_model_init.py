@@ -1,0 +1,107 @@
+"""python -m model.init DIR: metadata.json and a hooks skeleton from an exported model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from local_test.server_process import ROOT
+from model import init
+from smserve.hooks import load_hooks
+from smserve.metadata import ModelMetadata
+from smserve.model import _metadata_from_export
+
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 3)
+
+    def forward(self, features, mask):
+        return self.linear(features).softmax(-1), (mask > 0).sum(-1)
+
+
+def export_two_heads(directory, dynamic_batch: bool = True):
+    directory.mkdir(parents=True, exist_ok=True)
+    example = (torch.zeros(4, 8), torch.zeros(4, 5, dtype=torch.int64))
+    shapes = None
+    if dynamic_batch:
+        batch = torch.export.Dim("batch", min=1, max=1024)
+        shapes = {"features": {0: batch}, "mask": {0: batch}}
+    program = torch.export.export(TwoHeads().eval(), example, dynamic_shapes=shapes)
+    torch.export.save(program, str(directory / "model.pt2"))
+    return program
+
+
+def test_exported_model_gets_the_metadata_the_server_would_derive(tmp_path):
+    program = export_two_heads(tmp_path / "m")
+    assert init.main([str(tmp_path / "m"), "--name", "two-heads"]) == 0
+
+    document = json.loads((tmp_path / "m" / "metadata.json").read_text())
+    assert document["_comment"], "the fields are explained"
+    written = ModelMetadata.load(str(tmp_path / "m"))
+    derived = _metadata_from_export(program)
+    assert written.name == "two-heads"
+    assert written.max_batch_size == derived.max_batch_size == 64
+    assert written.inputs == derived.inputs
+    assert [(s.name, s.datatype, s.shape) for s in written.inputs] == [("features", "FP32", (8,)), ("mask", "INT64", (5,))]
+    assert [(s.name, s.datatype, s.shape) for s in written.outputs] == [("output__0", "FP32", (3,)), ("output__1", "INT64", ())]
+
+
+def test_without_a_dynamic_batch_max_batch_size_is_0_and_the_comment_says_why(tmp_path):
+    export_two_heads(tmp_path / "m", dynamic_batch=False)
+    init.main([str(tmp_path / "m")])
+    document = json.loads((tmp_path / "m" / "metadata.json").read_text())
+    assert document["max_batch_size"] == 0
+    assert document["inputs"][0]["shape"] == [4, 8]
+    assert any("derived: 0" in line for line in document["_comment"])
+
+
+def test_torchscript_model_gets_argument_names_and_unknown_shapes(tmp_path):
+    (tmp_path / "m").mkdir()
+    torch.jit.save(torch.jit.script(TwoHeads()), str(tmp_path / "m" / "model.pt"))
+    init.main([str(tmp_path / "m")])
+    written = ModelMetadata.load(str(tmp_path / "m"))
+    assert [s.name for s in written.inputs] == ["features", "mask"]
+    assert all(s.shape == (-1,) for s in written.inputs)
+    document = json.loads((tmp_path / "m" / "metadata.json").read_text())
+    assert any("unknown" in line for line in document["_comment"])
+
+
+def test_skeleton_defines_no_hook_until_one_is_uncommented(tmp_path):
+    export_two_heads(tmp_path / "m")
+    init.main([str(tmp_path / "m")])
+    script = (tmp_path / "m" / "code" / "inference.py").read_text()
+    for hook in ("model_fn(model_dir)", "input_fn(body, content_type)", "predict_fn(data, model)",
+                 "output_fn(prediction, accept)"):
+        assert f"# def {hook}:" in script
+    hooks = load_hooks(str(tmp_path / "m"))
+    assert (hooks.model_fn, hooks.input_fn, hooks.predict_fn, hooks.output_fn) == (None, None, None, None)
+
+
+def test_existing_files_are_kept_unless_forced(tmp_path):
+    export_two_heads(tmp_path / "m")
+    (tmp_path / "m" / "metadata.json").write_text('{"name": "mine"}')
+    init.main([str(tmp_path / "m")])
+    assert json.loads((tmp_path / "m" / "metadata.json").read_text()) == {"name": "mine"}
+    init.main([str(tmp_path / "m"), "--force"])
+    assert json.loads((tmp_path / "m" / "metadata.json").read_text())["name"] == "model"
+
+
+def test_a_folder_without_a_model_is_refused_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "model.init", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "holds neither model.pt2" in result.stderr
+    assert not (tmp_path / "metadata.json").exists()
+
+
+@pytest.mark.parametrize("argv", [["--help"]])
+def test_cli_help_names_the_make_target(argv, capsys):
+    with pytest.raises(SystemExit):
+        init.main(argv)
+    assert "DIR" in capsys.readouterr().out
