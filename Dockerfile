@@ -13,27 +13,31 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS builder
 
-# Keep TORCH_VERSION equal to the torch pin in requirements-dev.txt. On PyPI, torch
-# 2.13.0 for Linux x86_64 is the CUDA 13.0 build (it pulls the CUDA libraries as
-# wheels; the host needs NVIDIA driver 580 or newer). For an older driver pass a
-# PyTorch index of a CUDA 12 build, e.g. https://download.pytorch.org/whl/cu128; for a
-# CPU-only image (about 1 GB instead of several), https://download.pytorch.org/whl/cpu.
+# torch's pin is requirements-dev.txt's (`make build` passes it as TORCH_VERSION).
+# With the default index, PyPI (torch 2.13.0 for Linux x86_64 is the CUDA 13.0 build;
+# the host needs NVIDIA driver 580 or newer), torch and its CUDA wheels come from
+# lock/image.txt with everything else, every file hash-checked. With another index (a
+# CUDA 12 build for older drivers, e.g. https://download.pytorch.org/whl/cu128; the CPU
+# build, about 1 GB instead of several, https://download.pytorch.org/whl/cpu) or local
+# wheels, torch is pinned by version only: a hash names one file, and those files are
+# not PyPI's (lock/README.md). The rest then comes from lock/image-no-torch.txt, hashed.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
 # A directory of local wheels (mounted into the build with -v) searched with the index.
 ARG TORCH_FIND_LINKS=
 
-# torch first: it is by far the largest layer and changes least often, so editing
-# container/requirements.txt does not download it again. Its index picks the CUDA
-# flavour and also serves torch's own dependencies.
+# One layer: the lock changes only when a pin does, and then torch's layer would be
+# rebuilt anyway. --no-deps: each lock is complete; pip check proves the set consistent.
+COPY lock/image.txt lock/image-no-torch.txt /tmp/lock/
 RUN python3 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir \
-        --index-url "${TORCH_INDEX_URL}" \
-        ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} \
-        "torch==${TORCH_VERSION}"
-
-COPY container/requirements.txt /tmp/requirements.txt
-RUN /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+    && if [ "${TORCH_INDEX_URL}" = "https://pypi.org/simple" ] && [ -z "${TORCH_FIND_LINKS}" ]; then \
+        /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps -r /tmp/lock/image.txt; \
+    else \
+        /opt/venv/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
+            ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} "torch==${TORCH_VERSION}" \
+        && /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps -r /tmp/lock/image-no-torch.txt; \
+    fi \
+    && /opt/venv/bin/pip check
 
 FROM ${BASE_IMAGE}
 

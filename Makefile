@@ -1,43 +1,83 @@
-# The verbs a user expects. Everything runs from the project's own .venv, which
-# `make install` creates from pinned requirements.
+# The verbs a user expects; `make help` lists them. Everything runs from the project's
+# own .venv, which `make install` creates from the lock (lock/README.md).
+# Every target line carries a `## one-line description`: `make help` prints those, and
+# tests/unit/test_makefile.py checks that no target goes without one.
 SHELL := /bin/bash
+.DEFAULT_GOAL := help
 PYTHON_BOOTSTRAP ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PORT ?= 8080
-MODEL_DIR := build/model
-STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install model serve test bench clean
+# What `make serve` serves, and where. Your environment wins over the defaults: SageMaker's
+# own variables (SM_MODEL_DIR=... make serve) as well as these (make serve MODEL_DIR=...).
+EXAMPLE_MODEL_DIR := build/model
+MODEL_DIR ?= $(or $(SM_MODEL_DIR),$(EXAMPLE_MODEL_DIR))
+PORT ?= $(or $(SAGEMAKER_BIND_TO_PORT),8080)
+# The example is trained only when it is the model being served: a folder of yours
+# (with or without metadata.json) never triggers training.
+MODEL_DEPS = $(if $(filter $(abspath $(EXAMPLE_MODEL_DIR)),$(abspath $(MODEL_DIR))),model)
 
-install: $(STAMP)
+# torch: the one pin is in requirements-dev.txt. TORCH_VARIANT=cpu takes its CPU build
+# (2.13.0+cpu: no CUDA libraries, under 200 MB), the default where nvidia-smi is
+# missing; cuda takes PyPI's torch (the CUDA 13 build, several GB with its nvidia-*
+# wheels). The CPU wheel comes from pip's find-links when a local copy is there, so
+# nothing waits on an index it does not need; else from TORCH_CPU_INDEX_URL.
+TORCH_VERSION := $(shell sed -n 's/^torch==//p' requirements-dev.txt)
+TORCH_VARIANT ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
+TORCH_CPU_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+LOCK := lock/dev$(if $(filter cpu,$(TORCH_VARIANT)),-no-torch).txt
+STAMP := $(VENV)/.installed-$(TORCH_VARIANT)
+UV_VERSION := 0.13.9
 
-$(STAMP): requirements-dev.txt container/requirements.txt
+.PHONY: help install lock model new-model serve test batch-example bench clean
+
+help: ## This list (variables: README "Make targets and variables")
+	@awk -F':[^#]*## ' '/^[a-zA-Z][a-zA-Z0-9_-]*:[^=].*## /{printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+install: $(STAMP) ## The .venv from the lock (TORCH_VARIANT=cpu|cuda; VENV=path)
+
+# Every package pinned and hashed (--require-hashes, --no-deps: the lock is complete);
+# torch's CPU build is not on PyPI, so it is pinned by version, not hash (lock/README.md).
+$(STAMP): $(LOCK)
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --require-hashes --no-deps -r $(LOCK)
+ifeq ($(TORCH_VARIANT),cpu)
+	$(PY) -m pip install --no-deps --no-index "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+		|| $(PY) -m pip install --no-deps --index-url $(TORCH_CPU_INDEX_URL) "torch==$(TORCH_VERSION)+cpu"
+endif
+	$(PY) -m pip check
+	rm -f $(VENV)/.installed-*
 	touch $@
 
-# Trains the example digits classifier and packages it as SageMaker expects.
-model: $(MODEL_DIR)/metadata.json
+lock: install ## Regenerate lock/*.txt after editing requirements-dev.txt or container/requirements.txt
+	$(PY) -m pip install uv==$(UV_VERSION)
+	UV=$(VENV)/bin/uv lock/compile.sh
 
-$(MODEL_DIR)/metadata.json: $(STAMP) model/digits.py model/train.py
+model: $(EXAMPLE_MODEL_DIR)/metadata.json ## Train the example digits classifier into build/model (and build/model.tar.gz)
+
+$(EXAMPLE_MODEL_DIR)/metadata.json: $(STAMP) model/digits.py model/train.py
 	$(PY) -m model.train --out build
 
-# Serves build/model on :$(PORT) through the same entrypoint the image uses.
-serve: install model
+new-model: install ## metadata.json + code/inference.py for the model.pt2/model.pt in DIR (make new-model DIR=...)
+	@test -n "$(DIR)" || { echo "usage: make new-model DIR=folder-holding-model.pt2-or-model.pt" >&2; exit 2; }
+	$(PY) -m model.init $(DIR)
+
+serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8080) with the image's entrypoint
 	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) $(PY) container/serve serve
 
-test: install model
+test: install model ## Unit, integration, deploy (moto) and container tests
 	$(PY) -m pytest
 
+batch-example: install model ## The README's local batch transform: build/batch-example/in -> out
+	$(PY) -m local_test.batch_example
+
 # Speed is measured here, as ratios within one run, never asserted in tests.
-bench: install model
+bench: install model ## Codec, batch-transform and load benchmarks (load needs `hey`)
 	$(PY) bench/bench_codec.py
 	$(PY) bench/bench_batch.py
 	$(PY) bench/bench_load.py
 
-clean:
+clean: ## Remove build/ (the example model, image URIs, batch example)
 	rm -rf build
 
 
@@ -62,25 +102,26 @@ BUILD_ARGS ?=
 
 # SageMaker takes Docker schema 2 manifests only: podman writes OCI unless given
 # --format docker, and docker's default provenance attestation makes an OCI index.
-build:
+build: ## The image (CONTAINER_ENGINE, IMAGE, BASE_IMAGE, TORCH_INDEX_URL, BUILD_ARGS)
 	$(CONTAINER_ENGINE) build -t $(IMAGE) \
 		$(if $(filter podman,$(notdir $(CONTAINER_ENGINE))),--format docker) \
 		$(if $(filter docker,$(notdir $(CONTAINER_ENGINE))),--provenance=false) \
 		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 		$(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) \
+		--build-arg TORCH_VERSION=$(TORCH_VERSION) \
 		$(BUILD_ARGS) .
 
 # Serves $(MODEL_DIR) from the image in the foreground, as SageMaker would
 # (read-only /opt/ml/model, port 8080, `serve`); `make stop` from another shell
 # sends SIGTERM and lets in-flight requests finish.
-run: model
+run: $(MODEL_DEPS) ## Serve MODEL_DIR from the image on PORT, as SageMaker would (foreground)
 	CONTAINER_ENGINE=$(CONTAINER_ENGINE) RUN_NAME=$(RUN_NAME) PORT=$(PORT) \
-		local_test/serve_local.sh $(IMAGE) $(MODEL_DIR)
+		local_test/serve_local.sh $(IMAGE) $(abspath $(MODEL_DIR))
 
-stop:
+stop: ## SIGTERM the container `make run` started; requests in flight finish
 	$(CONTAINER_ENGINE) stop -t 30 $(RUN_NAME)
 
-base-image:
+base-image: ## A local Debian + Python 3.11 base image, for machines without a registry
 	CONTAINER_ENGINE=$(CONTAINER_ENGINE) scripts/make_base_image.sh $(LOCAL_BASE_IMAGE)
 
 # ---- SageMaker deployment (python -m deploy; see README "Deploying to SageMaker") ----
@@ -101,13 +142,13 @@ DEPLOY := $(PY) -m deploy
 
 .PHONY: push deploy update sm-model invoke teardown test-deploy
 
-push: install
+push: install ## Push IMAGE to ECR; writes build/image-uri (repo@sha256:...)
 	@mkdir -p build
 	$(DEPLOY) push $(IMAGE) > build/image-uri.tmp && mv build/image-uri.tmp build/image-uri
 	@cat build/image-uri
 
 # The model data and the SageMaker model: writes build/model-uri and build/sm-model-name.
-sm-model: install model
+sm-model: install $(MODEL_DEPS) ## Package MODEL_DIR to S3 and create the SageMaker model
 	@test -n "$(IMAGE_URI)" || { echo "no image URI: run 'make push' first or pass IMAGE_URI=repo@sha256:..." >&2; exit 1; }
 	@mkdir -p build
 	$(DEPLOY) package $(MODEL_DIR) --create-bucket > build/model-uri
@@ -118,26 +159,26 @@ sm-model: install model
 	$(DEPLOY) create-model --model-name $$(cat build/sm-model-name) --image $(IMAGE_URI) --model-data $$(cat build/model-uri) $(if $(ROLE),--role $(ROLE))
 
 # First deployment: a new endpoint. Once it exists, `make update` rolls out a new image or model.
-deploy: sm-model
+deploy: sm-model ## First deployment: a new endpoint (ROLE=..., ENDPOINT, INSTANCE_TYPE)
 	$(DEPLOY) create-endpoint --endpoint-name $(ENDPOINT) --model-name $$(cat build/sm-model-name) \
 		--instance-type $(INSTANCE_TYPE) --instance-count $(INSTANCE_COUNT)
 
 # Switches the existing endpoint to the model of the current image and archive; its
 # autoscaling is kept. Older models and configs stay until `make teardown`.
-update: sm-model
+update: sm-model ## Switch the endpoint to the current image and model
 	$(DEPLOY) update-endpoint --endpoint-name $(ENDPOINT) --model-name $$(cat build/sm-model-name) \
 		--instance-type $(INSTANCE_TYPE) --instance-count $(INSTANCE_COUNT)
 
 # Four digits from scikit-learn's set, sent in the binary v2 form; prints the probabilities.
-invoke: install
+invoke: install ## Four digits to the endpoint, binary KServe v2
 	@mkdir -p build
 	$(PY) -c "import numpy as np; from sklearn.datasets import load_digits; np.save('build/digits-sample.npy', load_digits().data[:4].astype('float32'))"
 	$(DEPLOY) invoke --endpoint-name $(ENDPOINT) --array build/digits-sample.npy \
 		--content-type application/vnd.sagemaker-triton.binary+json --input-name pixels
 
-teardown: install
+teardown: install ## Delete the endpoint, its configs and models
 	$(DEPLOY) teardown --endpoint-name $(ENDPOINT)
 
 # The deploy tool against a local moto server (no AWS account needed).
-test-deploy: install
+test-deploy: install ## The deploy tool's tests against a local moto server
 	$(PY) -m pytest tests/deploy

@@ -1,0 +1,100 @@
+"""The Makefile, through `make -n` dry runs: nothing is built or started."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from local_test.server_process import ROOT
+
+# Variables of the user's shell that the Makefile reads; each test sets its own.
+USER_VARIABLES = ("SM_MODEL_DIR", "SAGEMAKER_BIND_TO_PORT", "MODEL_DIR", "PORT", "TORCH_VARIANT", "VENV",
+                  "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+
+
+def make(*args: str, env: dict[str, str] | None = None) -> str:
+    clean = {k: v for k, v in os.environ.items() if k not in USER_VARIABLES}
+    result = subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, env={**clean, **(env or {})},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([a-zA-Z][a-zA-Z0-9_-]*):(?!=)", text, re.MULTILINE))
+
+
+def serve_command(output: str) -> str:
+    return next(line for line in output.splitlines() if "container/serve serve" in line)
+
+
+def test_help_lists_every_target_with_one_line():
+    listed = {}
+    for line in make("help").splitlines():
+        name, _, description = line.strip().partition(" ")
+        listed[name] = description.strip()
+    missing = targets() - set(listed)
+    assert not missing, f"targets without a `## description` on their line: {sorted(missing)}"
+    assert all(listed.values()), "every target has a description"
+
+
+def test_help_is_the_default_goal():
+    assert make() == make("help")
+
+
+def test_serve_defaults_to_the_example_on_8080_and_builds_it():
+    out = make("-n", "-B", "serve", "VENV=/nonexistent-venv")
+    assert f"SM_MODEL_DIR={ROOT}/build/model SAGEMAKER_BIND_TO_PORT=8080" in serve_command(out)
+    assert "-m model.train" in out
+
+
+def test_sagemaker_variables_in_the_environment_win(tmp_path):
+    out = make("-n", "-B", "serve", env={"SM_MODEL_DIR": str(tmp_path), "SAGEMAKER_BIND_TO_PORT": "9123"})
+    assert serve_command(out).startswith(f"SM_MODEL_DIR={tmp_path} SAGEMAKER_BIND_TO_PORT=9123 ")
+
+
+def test_make_variables_work_and_beat_the_environment(tmp_path):
+    other = tmp_path / "other"
+    out = make("-n", "-B", "serve", f"MODEL_DIR={tmp_path}", "PORT=9124",
+               env={"SM_MODEL_DIR": str(other), "SAGEMAKER_BIND_TO_PORT": "9123"})
+    assert serve_command(out).startswith(f"SM_MODEL_DIR={tmp_path} SAGEMAKER_BIND_TO_PORT=9124 ")
+
+
+def test_relative_model_dir_is_made_absolute():
+    out = make("-n", "-B", "serve", "MODEL_DIR=models/mine")
+    assert f"SM_MODEL_DIR={ROOT}/models/mine " in serve_command(out)
+
+
+@pytest.mark.parametrize("target", ["serve", "run", "sm-model"])
+def test_a_user_model_never_trains_the_example(tmp_path, target):
+    """Even without metadata.json, which the server derives."""
+    (tmp_path / "model.pt2").write_bytes(b"")
+    out = make("-n", "-B", target, f"MODEL_DIR={tmp_path}", "CONTAINER_ENGINE=podman", "IMAGE_URI=x@sha256:0")
+    assert "model.train" not in out
+
+
+def test_cpu_install_takes_the_locked_set_and_torch_cpu_without_waiting_on_an_index():
+    out = make("-n", "-B", "install", "TORCH_VARIANT=cpu", "VENV=/tmp/some-venv").replace("\\\n", " ")
+    torch = re.search(r"^torch==(\S+)", (ROOT / "requirements-dev.txt").read_text(), re.MULTILINE).group(1)
+    assert "pip install --require-hashes --no-deps -r lock/dev-no-torch.txt" in out
+    # A local wheel (pip's find-links) first, with no index at all; the CPU index only if that fails.
+    local, _, remote = next(line for line in out.splitlines() if "+cpu" in line).partition("||")
+    assert f'--no-deps --no-index "torch=={torch}+cpu"' in local
+    assert "--index-url https://download.pytorch.org/whl/cpu" in remote
+    assert "--quiet" not in out and " -q " not in out, "pip's progress is shown"
+    assert "pip check" in out
+
+
+def test_cuda_install_takes_pypi_torch_from_the_hashed_lock():
+    out = make("-n", "-B", "install", "TORCH_VARIANT=cuda", "VENV=/tmp/some-venv")
+    assert "pip install --require-hashes --no-deps -r lock/dev.txt" in out
+    assert "+cpu" not in out
+
+
+def test_new_model_and_batch_example_run_their_modules(tmp_path):
+    assert f"-m model.init {tmp_path}" in make("-n", "new-model", f"DIR={tmp_path}", "VENV=/tmp/some-venv")
+    assert "-m local_test.batch_example" in make("-n", "-B", "batch-example", "VENV=/tmp/some-venv")
