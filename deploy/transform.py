@@ -42,8 +42,9 @@ class TransformSpec:
     # None lets SageMaker ask the container (GET /execution-parameters).
     max_concurrent_transforms: int | None = None
     invocations_timeout: int = 600
-    # A batch that failed for its content fails again; one retry covers a dropped connection.
-    invocations_max_retries: int = 1
+    # SageMaker's own default, and the local runner's (local_test): a transient failure
+    # (a worker restarting, a dropped connection) must not fail a whole job.
+    invocations_max_retries: int = 3
     join_source: str | None = None  # "Input" joins each output line to its input record
     input_filter: str | None = None
     output_filter: str | None = None
