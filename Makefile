@@ -144,8 +144,7 @@ DEPLOY := $(PY) -m deploy
 
 push: install ## Push IMAGE to ECR; writes build/image-uri (repo@sha256:...)
 	@mkdir -p build
-	$(DEPLOY) push $(IMAGE) > build/image-uri.tmp && mv build/image-uri.tmp build/image-uri
-	@cat build/image-uri
+	$(DEPLOY) push $(IMAGE) --output build/image-uri
 
 # The model data and the SageMaker model: writes build/model-uri and build/sm-model-name.
 sm-model: install $(MODEL_DEPS) ## Package MODEL_DIR to S3 and create the SageMaker model

@@ -25,6 +25,7 @@ SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 # OCI indexes (what `podman build` writes by default, and `docker build` with its
 # default provenance attestation).
 _OCI_MEDIA_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json")
+_LAMBDA_ARN = re.compile(r"^arn:aws[a-z-]*:lambda:[a-z0-9-]+:\d{12}:function:[A-Za-z0-9_-]+(:[A-Za-z0-9_$-]+)?$")
 _ECR_IMAGE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repo>[^:@]+)(?::(?P<tag>[^@]+))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
 
 
@@ -75,7 +76,7 @@ def resolve_image(aws: Aws, image: str) -> str:
     """An ECR image by digest; a tag is resolved to the digest it points at now.
 
     SageMaker pins whatever it is given at create time, but a digest in the model makes
-    what runs visible and reproducible. Non-ECR images are passed through.
+    what runs visible and reproducible. (Other registries never get here: see ImageSource.)
     """
     found = _ECR_IMAGE.match(image)
     if not found:
@@ -121,14 +122,77 @@ def check_model_data(aws: Aws, url: str) -> None:
         say(f"note: could not check {url} ({error_code(error)}); SageMaker will")
 
 
-def create_model(aws: Aws, name: str, image: str, model_data: str | None, role_arn: str | None, env: dict[str, str]) -> str:
+@dataclass(frozen=True)
+class ImageSource:
+    """Where SageMaker pulls the image from, and the network the model runs in.
+
+    repository_access "Platform" is ECR; "Vpc" is a private Docker registry that
+    SageMaker reaches from the model's VPC (subnets and security groups), logging in
+    with what auth_lambda returns if the registry needs a login.
+    """
+
+    repository_access: str = "Platform"
+    auth_lambda: str | None = None
+    subnets: tuple[str, ...] = ()
+    security_groups: tuple[str, ...] = ()
+
+    def check(self, image: str) -> None:
+        """Refuse what SageMaker would refuse (or silently get wrong) before any call is made."""
+        vpc = self.repository_access == "Vpc"
+        if bool(self.subnets) != bool(self.security_groups):
+            raise DeployError("--subnets and --security-groups go together (they are the model's VpcConfig)")
+        if vpc and not self.subnets:
+            raise DeployError(
+                "--registry vpc needs --subnets and --security-groups: SageMaker pulls a private registry's image from the model's VPC"
+            )
+        if self.auth_lambda and not vpc:
+            raise DeployError("--registry-auth-lambda applies to a private registry: add --registry vpc")
+        if self.auth_lambda and not _LAMBDA_ARN.match(self.auth_lambda):
+            raise DeployError(f"--registry-auth-lambda must be a Lambda function ARN (arn:aws:lambda:REGION:ACCOUNT:function:NAME), got {self.auth_lambda!r}")
+        for value, prefix, flag in [(s, "subnet-", "--subnets") for s in self.subnets] + [(g, "sg-", "--security-groups") for g in self.security_groups]:
+            if not value.startswith(prefix):
+                raise DeployError(f"{flag} takes {prefix}... IDs, got {value!r}")
+        if not vpc and not _ECR_IMAGE.match(image):
+            raise DeployError(
+                f"image {image} is not in ECR; SageMaker pulls other registries only through your VPC: "
+                f"pass --registry vpc with --subnets and --security-groups (and --registry-auth-lambda if it needs a login)"
+            )
+
+    def image_config(self) -> dict | None:
+        if self.repository_access != "Vpc":
+            return None  # Platform is SageMaker's default; leaving it out keeps old models comparable
+        config = {"RepositoryAccessMode": "Vpc"}
+        if self.auth_lambda:
+            config["RepositoryAuthConfig"] = {"RepositoryCredentialsProviderArn": self.auth_lambda}
+        return config
+
+    def vpc_config(self) -> dict | None:
+        if not self.subnets:
+            return None
+        return {"SecurityGroupIds": list(self.security_groups), "Subnets": list(self.subnets)}
+
+
+def create_model(
+    aws: Aws, name: str, image: str, model_data: str | None, role_arn: str | None, env: dict[str, str], source: ImageSource = ImageSource()
+) -> str:
+    source.check(image)  # argument errors first: nothing is asked of AWS, nothing created
     role_arn = check_role(aws, role_arn)
-    image = resolve_image(aws, image)
+    if source.repository_access == "Vpc":
+        # Taken as it is: ECR cannot resolve a digest for another registry, and SageMaker
+        # pulls it from inside the VPC, where this machine may not reach.
+        say(f"note: image {image} is pulled by SageMaker from your VPC; this tool cannot check it")
+    else:
+        image = resolve_image(aws, image)
     if model_data:
         check_model_data(aws, model_data)
     container = {"Image": image, "Environment": env}
     if model_data:
         container["ModelDataUrl"] = model_data
+    if source.image_config():
+        container["ImageConfig"] = source.image_config()
+    request = {"ModelName": name, "ExecutionRoleArn": role_arn, "PrimaryContainer": container}
+    if source.vpc_config():
+        request["VpcConfig"] = source.vpc_config()
     sagemaker = aws.client("sagemaker")
     existing = _describe(sagemaker.describe_model, ModelName=name)
     if existing is not None:
@@ -138,15 +202,23 @@ def create_model(aws: Aws, name: str, image: str, model_data: str | None, role_a
             and have.get("ModelDataUrl") == container.get("ModelDataUrl")
             and (have.get("Environment") or {}) == env
             and existing.get("ExecutionRoleArn") == role_arn
+            and (have.get("ImageConfig") or None) == container.get("ImageConfig")
+            and _same_vpc(existing.get("VpcConfig"), request.get("VpcConfig"))
         )
         if not same:
             raise DeployError(
-                f"model {name} exists with a different image, data, environment or role; models are immutable: "
+                f"model {name} exists with a different image, data, environment, role or network; models are immutable: "
                 f"pick a new --model-name (then update-endpoint) or teardown first"
             )
         say(f"model {name} exists with these settings")
         return existing["ModelArn"]
-    return sagemaker.create_model(ModelName=name, ExecutionRoleArn=role_arn, PrimaryContainer=container)["ModelArn"]
+    return sagemaker.create_model(**request)["ModelArn"]
+
+
+def _same_vpc(have: dict | None, want: dict | None) -> bool:
+    # SageMaker keeps the IDs as sets: their order is not a difference.
+    have, want = have or {}, want or {}
+    return all(sorted(have.get(key) or []) == sorted(want.get(key) or []) for key in ("SecurityGroupIds", "Subnets"))
 
 
 # ---------------------------------------------------------------- endpoint
@@ -155,21 +227,27 @@ def create_model(aws: Aws, name: str, image: str, model_data: str | None, role_a
 @dataclass(frozen=True)
 class Variant:
     model_name: str
-    instance_type: str
+    instance_type: str | None  # None: serverless
     instance_count: int = 1
     variant_name: str = "AllTraffic"
     startup_timeout: int | None = None  # ContainerStartupHealthCheckTimeoutInSeconds
     download_timeout: int | None = None  # ModelDataDownloadTimeoutInSeconds
     ami_version: str | None = None  # InferenceAmiVersion; GPU instance types only
     volume_gb: int | None = None
+    serverless_memory_mb: int | None = None  # ServerlessConfig instead of instances
+    serverless_max_concurrency: int | None = None
+
+    @property
+    def serverless(self) -> bool:
+        return self.serverless_memory_mb is not None
 
     def production_variant(self) -> dict:
-        variant = {
-            "VariantName": self.variant_name,
-            "ModelName": self.model_name,
-            "InstanceType": self.instance_type,
-            "InitialInstanceCount": self.instance_count,
-        }
+        variant = {"VariantName": self.variant_name, "ModelName": self.model_name}
+        if self.serverless:
+            variant["ServerlessConfig"] = {"MemorySizeInMB": self.serverless_memory_mb, "MaxConcurrency": self.serverless_max_concurrency}
+        else:
+            variant["InstanceType"] = self.instance_type
+            variant["InitialInstanceCount"] = self.instance_count
         if self.startup_timeout is not None:
             variant["ContainerStartupHealthCheckTimeoutInSeconds"] = self.startup_timeout
         if self.download_timeout is not None:
@@ -179,6 +257,63 @@ class Variant:
         if self.ami_version:
             variant["InferenceAmiVersion"] = self.ami_version
         return variant
+
+
+SERVERLESS_MEMORY_MB = (1024, 2048, 3072, 4096, 5120, 6144)
+
+
+def serverless_variant(variant: Variant, given: dict[str, object]) -> Variant:
+    """Check a serverless variant against the instance options the user also gave.
+
+    `given` maps each instance-only flag the user passed to its value. Serverless
+    endpoints run on CPU only, without instance types, counts, volumes or AMIs.
+    """
+    memory, concurrency = variant.serverless_memory_mb, variant.serverless_max_concurrency
+    if memory not in SERVERLESS_MEMORY_MB:
+        raise DeployError(f"--serverless-memory must be one of {', '.join(map(str, SERVERLESS_MEMORY_MB))} (MB), got {memory}")
+    if not 1 <= concurrency <= 200:
+        raise DeployError(f"--serverless-max-concurrency must be 1..200, got {concurrency}")
+    instance_type = given.get("--instance-type")
+    if instance_type and is_gpu_instance(str(instance_type)):
+        raise DeployError(f"serverless endpoints have no GPU: drop --instance-type {instance_type}, or drop --serverless-memory to run on {instance_type}")
+    if "--inference-ami-version" in given:
+        raise DeployError("--inference-ami-version selects a GPU driver, and serverless endpoints have no GPU: drop it or --serverless-memory")
+    for flag in given:
+        raise DeployError(f"{flag} applies to instance-based endpoints; serverless endpoints size themselves with --serverless-memory and --serverless-max-concurrency")
+    return variant
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    """AsyncInferenceConfig: where results and failures go, and whom to tell."""
+
+    output_path: str
+    failure_path: str | None = None
+    success_topic: str | None = None
+    error_topic: str | None = None
+    max_concurrent_invocations: int | None = None  # per instance; None: SageMaker chooses
+
+    def check(self) -> None:
+        for flag, uri in (("--async-output", self.output_path), ("--async-failure", self.failure_path)):
+            if uri is not None and not re.match(r"^s3://[^/]+(/.*)?$", uri):
+                raise DeployError(f"{flag} must be an s3://bucket/prefix URI, got {uri!r}")
+        for flag, arn in (("--sns-success", self.success_topic), ("--sns-error", self.error_topic)):
+            if arn is not None and not re.match(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_.-]+$", arn):
+                raise DeployError(f"{flag} must be an SNS topic ARN (arn:aws:sns:REGION:ACCOUNT:NAME), got {arn!r}")
+        if self.max_concurrent_invocations is not None and not 1 <= self.max_concurrent_invocations <= 1000:
+            raise DeployError(f"--max-concurrent-invocations-per-instance must be 1..1000, got {self.max_concurrent_invocations}")
+
+    def request(self) -> dict:
+        output = {"S3OutputPath": self.output_path}
+        if self.failure_path:
+            output["S3FailurePath"] = self.failure_path
+        notification = {key: value for key, value in (("SuccessTopic", self.success_topic), ("ErrorTopic", self.error_topic)) if value}
+        if notification:
+            output["NotificationConfig"] = notification
+        config = {"OutputConfig": output}
+        if self.max_concurrent_invocations is not None:
+            config["ClientConfig"] = {"MaxConcurrentInvocationsPerInstance": self.max_concurrent_invocations}
+        return config
 
 
 def choose_ami(aws: Aws, instance_type: str, requested: str | None) -> str | None:
@@ -193,23 +328,41 @@ def choose_ami(aws: Aws, instance_type: str, requested: str | None) -> str | Non
     return version
 
 
-def config_name(endpoint_name: str, variant: Variant) -> str:
-    digest = hashlib.sha256(json.dumps(variant.production_variant(), sort_keys=True).encode()).hexdigest()[:10]
+def config_name(endpoint_name: str, variant: Variant, async_config: AsyncConfig | None = None) -> str:
+    content = variant.production_variant()
+    if async_config is not None:  # real-time configs keep the names they always had
+        content = {"ProductionVariants": [content], "AsyncInferenceConfig": async_config.request()}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:10]
     return f"{endpoint_name[:52]}-{digest}"  # 63 characters at most
 
 
-def ensure_endpoint_config(aws: Aws, endpoint_name: str, variant: Variant) -> str:
-    name = config_name(endpoint_name, variant)
+def ensure_endpoint_config(aws: Aws, endpoint_name: str, variant: Variant, async_config: AsyncConfig | None = None) -> str:
+    name = config_name(endpoint_name, variant, async_config)
     sagemaker = aws.client("sagemaker")
     if _describe(sagemaker.describe_endpoint_config, EndpointConfigName=name) is None:
-        if _describe(sagemaker.describe_model, ModelName=variant.model_name) is None:
+        model = _describe(sagemaker.describe_model, ModelName=variant.model_name)
+        if model is None:
             raise DeployError(f"model {variant.model_name} does not exist; run create-model first")
+        if variant.serverless:
+            check_serverless_model(model)
         say(f"creating endpoint config {name}")
-        sagemaker.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[variant.production_variant()])
+        request = {"EndpointConfigName": name, "ProductionVariants": [variant.production_variant()]}
+        if async_config is not None:
+            request["AsyncInferenceConfig"] = async_config.request()
+        sagemaker.create_endpoint_config(**request)
     return name
 
 
-def create_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict) -> dict:
+def check_serverless_model(model: dict) -> None:
+    """Serverless endpoints pull from ECR only and run outside any VPC."""
+    name = model["ModelName"]
+    if (model.get("PrimaryContainer", {}).get("ImageConfig") or {}).get("RepositoryAccessMode") == "Vpc":
+        raise DeployError(f"model {name} pulls from a private registry (--registry vpc), which serverless endpoints cannot use; push the image to ECR and create a model without --registry vpc")
+    if (model.get("VpcConfig") or {}).get("Subnets"):
+        raise DeployError(f"model {name} runs in a VPC (VpcConfig), which serverless endpoints cannot; use an instance-based endpoint or a model without --subnets")
+
+
+def create_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict, async_config: AsyncConfig | None = None) -> dict:
     sagemaker = aws.client("sagemaker")
     existing = _describe(sagemaker.describe_endpoint, EndpointName=endpoint_name)
     if existing is not None and existing["EndpointStatus"] == "Failed":
@@ -220,7 +373,7 @@ def create_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict) 
             f"endpoint {endpoint_name} is Failed ({reason}); delete it with "
             f"`python -m deploy teardown --endpoint-name {endpoint_name} --keep-models`, then run create-endpoint again"
         )
-    wanted = ensure_endpoint_config(aws, endpoint_name, variant)
+    wanted = ensure_endpoint_config(aws, endpoint_name, variant, async_config)
     if existing is None:
         say(f"creating endpoint {endpoint_name}")
         sagemaker.create_endpoint(EndpointName=endpoint_name, EndpointConfigName=wanted)
@@ -234,7 +387,9 @@ def create_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict) 
     return wait_in_service(aws, endpoint_name, **wait)
 
 
-def update_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict, autoscale_after: bool = False) -> dict:
+def update_endpoint(
+    aws: Aws, endpoint_name: str, variant: Variant, wait: dict, autoscale_after: bool = False, async_config: AsyncConfig | None = None
+) -> dict:
     """Switch the endpoint to the config for `variant`, keeping its autoscaling.
 
     AWS refuses an UpdateEndpoint that changes the instance type of an autoscaled
@@ -247,7 +402,7 @@ def update_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict, 
     existing = _describe(sagemaker.describe_endpoint, EndpointName=endpoint_name)
     if existing is None:
         raise DeployError(f"endpoint {endpoint_name} does not exist; use create-endpoint")
-    wanted = ensure_endpoint_config(aws, endpoint_name, variant)
+    wanted = ensure_endpoint_config(aws, endpoint_name, variant, async_config)
     if existing["EndpointConfigName"] == wanted:
         say(f"endpoint {endpoint_name} already uses {wanted}")
         return wait_in_service(aws, endpoint_name, **wait)
@@ -338,6 +493,90 @@ def autoscale(
     return policy["PolicyARN"]
 
 
+def backlog_alarm_name(endpoint_name: str) -> str:
+    return f"{endpoint_name}-has-backlog-without-capacity"
+
+
+def autoscale_async(
+    aws: Aws,
+    endpoint_name: str,
+    variant_name: str,
+    min_capacity: int,
+    max_capacity: int,
+    backlog_per_instance: float,
+    scale_in_cooldown: int = 300,
+    scale_out_cooldown: int = 60,
+) -> str:
+    """Scale an async endpoint on its queue: ApproximateBacklogSizePerInstance.
+
+    With min_capacity 0 the endpoint scales to zero when idle. Target tracking alone
+    never scales out from zero (there is no instance to average over), so, as AWS's
+    async guide does, a step policy adds one instance when the HasBacklogWithoutCapacity
+    alarm fires. Every call overwrites what is there. Returns the target policy's ARN.
+    """
+    if not 0 <= min_capacity <= max_capacity or max_capacity < 1:
+        raise DeployError(f"autoscaling needs 0 <= --min-instances <= --max-instances and --max-instances >= 1, got {min_capacity}..{max_capacity}")
+    scaling = aws.client("application-autoscaling")
+    target = {"ServiceNamespace": "sagemaker", "ResourceId": resource_id(endpoint_name, variant_name), "ScalableDimension": SCALABLE_DIMENSION}
+    scaling.register_scalable_target(**target, MinCapacity=min_capacity, MaxCapacity=max_capacity)
+    policy = scaling.put_scaling_policy(
+        PolicyName=f"{endpoint_name}-backlog-per-instance",
+        PolicyType="TargetTrackingScaling",
+        TargetTrackingScalingPolicyConfiguration={
+            "TargetValue": float(backlog_per_instance),
+            "CustomizedMetricSpecification": {
+                "MetricName": "ApproximateBacklogSizePerInstance",
+                "Namespace": "AWS/SageMaker",
+                "Dimensions": [{"Name": "EndpointName", "Value": endpoint_name}],
+                "Statistic": "Average",
+            },
+            "ScaleInCooldown": scale_in_cooldown,
+            "ScaleOutCooldown": scale_out_cooldown,
+        },
+        **target,
+    )
+    if min_capacity == 0:
+        step = scaling.put_scaling_policy(
+            PolicyName=backlog_alarm_name(endpoint_name),
+            PolicyType="StepScaling",
+            StepScalingPolicyConfiguration=_FROM_ZERO_STEP,
+            **target,
+        )
+        put_backlog_alarm(aws, endpoint_name, step["PolicyARN"])
+    say(
+        f"autoscaling {resource_id(endpoint_name, variant_name)}: {min_capacity}..{max_capacity} instances at "
+        f"{backlog_per_instance:g} queued requests/instance" + (" (scales to zero when idle)" if min_capacity == 0 else "")
+    )
+    return policy["PolicyARN"]
+
+
+_FROM_ZERO_STEP = {
+    "AdjustmentType": "ChangeInCapacity",
+    "MetricAggregationType": "Average",
+    "Cooldown": 300,
+    "StepAdjustments": [{"MetricIntervalLowerBound": 0.0, "ScalingAdjustment": 1}],
+}
+
+
+def put_backlog_alarm(aws: Aws, endpoint_name: str, step_policy_arn: str) -> None:
+    """The alarm that wakes a scaled-to-zero async endpoint when requests queue up."""
+    aws.client("cloudwatch").put_metric_alarm(
+        AlarmName=backlog_alarm_name(endpoint_name),
+        AlarmDescription=f"requests wait for {endpoint_name}, which has no instance",
+        MetricName="HasBacklogWithoutCapacity",
+        Namespace="AWS/SageMaker",
+        Dimensions=[{"Name": "EndpointName", "Value": endpoint_name}],
+        Statistic="Average",
+        Period=60,
+        EvaluationPeriods=2,
+        DatapointsToAlarm=2,
+        Threshold=1.0,
+        ComparisonOperator="GreaterThanOrEqualToThreshold",
+        TreatMissingData="missing",
+        AlarmActions=[step_policy_arn],
+    )
+
+
 def scalable_targets(aws: Aws, endpoint_name: str, variant_names) -> list[dict]:
     """The scaling targets of these variants only.
 
@@ -379,7 +618,10 @@ def _restore(aws: Aws, target: dict, policies: list[dict]) -> None:
         scaling.register_scalable_target(**key, MinCapacity=target["MinCapacity"], MaxCapacity=target["MaxCapacity"], **extra)
         for policy in policies:
             config = {name: policy[name] for name in _POLICY_CONFIGS if name in policy}
-            scaling.put_scaling_policy(**key, PolicyName=policy["PolicyName"], PolicyType=policy["PolicyType"], **config)
+            arn = scaling.put_scaling_policy(**key, PolicyName=policy["PolicyName"], PolicyType=policy["PolicyType"], **config)["PolicyARN"]
+            endpoint_name = rid.split("/")[1]
+            if policy["PolicyName"] == backlog_alarm_name(endpoint_name):
+                put_backlog_alarm(aws, endpoint_name, arn)  # the alarm must act on the policy as it is now
     except ClientError as error:
         # The endpoint's own outcome matters more than this; say how to finish by hand.
         say(f"note: could not restore autoscaling of {rid} ({one_line(error)}); rerun update-endpoint with --autoscale "
@@ -432,6 +674,11 @@ def teardown(
             _deregister(aws, target["ResourceId"])
         if targets:
             report.append(f"autoscaling of {endpoint_name}: deregistered")
+        # Deregistering deletes the policies, not the alarm an async endpoint's scale-from-zero uses.
+        cloudwatch = aws.client("cloudwatch")
+        if cloudwatch.describe_alarms(AlarmNames=[backlog_alarm_name(endpoint_name)])["MetricAlarms"]:
+            cloudwatch.delete_alarms(AlarmNames=[backlog_alarm_name(endpoint_name)])
+            report.append(f"alarm {backlog_alarm_name(endpoint_name)}: deleted")
         if existing is None:
             report.append(f"endpoint {endpoint_name}: already gone")
         else:

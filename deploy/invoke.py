@@ -1,14 +1,19 @@
-"""invoke: one request to a live endpoint through sagemaker-runtime."""
+"""invoke and invoke-async: requests to a live endpoint through sagemaker-runtime."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from botocore.exceptions import ClientError
 
 from deploy import codec
-from deploy.aws import Aws, DeployError
+from deploy.aws import Aws, DeployError, error_code, say
 
 _BY_SUFFIX = {".json": codec.JSON, ".csv": codec.CSV, ".jsonl": codec.JSONLINES, ".npy": codec.NPY}
 
@@ -53,6 +58,127 @@ def invoke(aws: Aws, endpoint_name: str, body: bytes, content_type: str, accept:
         params["Accept"] = accept
     response = aws.client("sagemaker-runtime").invoke_endpoint(**params)
     return response["Body"].read(), response.get("ContentType", "application/octet-stream")
+
+
+def invoke_stream(aws: Aws, endpoint_name: str, body: bytes, content_type: str, accept: str | None):
+    """InvokeEndpointWithResponseStream: (the event stream, the response's Content-Type)."""
+    params = {"EndpointName": endpoint_name, "Body": body, "ContentType": content_type}
+    if accept:
+        params["Accept"] = accept
+    response = aws.client("sagemaker-runtime").invoke_endpoint_with_response_stream(**params)
+    return response["Body"], response.get("ContentType", "application/octet-stream")
+
+
+# ---------------------------------------------------------------- asynchronous
+
+
+@dataclass(frozen=True)
+class AsyncRequest:
+    endpoint_name: str
+    input: str  # a local file or s3://bucket/key
+    content_type: str | None = None
+    accept: str | None = None
+    bucket: str | None = None
+    prefix: str = "async-inputs"
+    create_bucket: bool = False
+    invocation_timeout: int | None = None  # InvocationTimeoutSeconds, 1..3600
+    request_ttl: int | None = None  # RequestTTLSeconds, 60..21600
+    inference_id: str | None = None
+
+    def check(self) -> None:
+        if self.invocation_timeout is not None and not 1 <= self.invocation_timeout <= 3600:
+            raise DeployError(f"--invocation-timeout must be 1..3600 seconds, got {self.invocation_timeout}")
+        if self.request_ttl is not None and not 60 <= self.request_ttl <= 21600:
+            raise DeployError(f"--request-ttl must be 60..21600 seconds, got {self.request_ttl}")
+
+
+_S3_URI = re.compile(r"^s3://([^/]+)/(.+)$")
+# What S3 calls an object stored without a type: no help in reading it.
+_UNTYPED = ("binary/octet-stream", "application/octet-stream", "")
+
+
+def invoke_async(aws: Aws, request: AsyncRequest, wait: bool, poll_seconds: float, max_wait_seconds: float) -> str:
+    """Queue one request; returns the output's s3:// URI, or with `wait` the decoded result."""
+    request.check()
+    input_location, content_type = _input_location(aws, request)
+    params = {"EndpointName": request.endpoint_name, "InputLocation": input_location, "ContentType": content_type}
+    for key, value in (("Accept", request.accept), ("InferenceId", request.inference_id),
+                       ("InvocationTimeoutSeconds", request.invocation_timeout), ("RequestTTLSeconds", request.request_ttl)):
+        if value is not None:
+            params[key] = value
+    response = aws.client("sagemaker-runtime").invoke_endpoint_async(**params)
+    output, failure = response["OutputLocation"], response.get("FailureLocation")
+    say(f"inference {response.get('InferenceId', '?')} queued; its result will be {output}" + (f" (or its failure {failure})" if failure else ""))
+    if not wait:
+        return output
+    return _wait_for_result(aws, output, failure, request.accept, poll_seconds, max_wait_seconds)
+
+
+def _input_location(aws: Aws, request: AsyncRequest) -> tuple[str, str]:
+    """The request body's s3:// URI (a local file is uploaded first) and its content type."""
+    s3 = aws.client("s3")
+    found = _S3_URI.match(request.input)
+    if found:
+        content_type = request.content_type or _BY_SUFFIX.get(Path(found[2]).suffix)
+        if not content_type:
+            raise DeployError(f"cannot tell the content type of {request.input}; pass --content-type")
+        if _head(s3, found[1], found[2]) is None:
+            raise DeployError(f"--input {request.input} does not exist")
+        return request.input, content_type
+    if request.input.startswith("s3://"):
+        raise DeployError(f"--input must be a file or s3://bucket/key, got {request.input!r}")
+    path = Path(request.input)
+    if not path.is_file():
+        raise DeployError(f"--input {path} is not a file")
+    content_type = request.content_type or _BY_SUFFIX.get(path.suffix)
+    if not content_type:
+        raise DeployError(f"cannot tell the content type of {path.name}; pass --content-type")
+    from deploy.package import default_bucket, ensure_bucket, upload_with_progress
+
+    bucket = request.bucket or default_bucket(aws)
+    ensure_bucket(aws, bucket, request.create_bucket)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    # Named by content: sending the same file twice uploads it once.
+    key = "/".join(part for part in (request.prefix.strip("/"), digest[:16], path.name) if part)
+    if _head(s3, bucket, key) is None:
+        upload_with_progress(s3, path, bucket, key, {"ContentType": content_type})
+    return f"s3://{bucket}/{key}", content_type
+
+
+def _wait_for_result(aws: Aws, output: str, failure: str | None, accept: str | None, poll_seconds: float, max_wait_seconds: float) -> str:
+    s3 = aws.client("s3")
+    started = time.monotonic()
+    said = -30.0
+    while True:
+        for location, failed in ((output, False), (failure, True)):
+            found = _S3_URI.match(location or "")
+            if not found:
+                continue
+            head = _head(s3, found[1], found[2])
+            if head is None:
+                continue
+            body = s3.get_object(Bucket=found[1], Key=found[2])["Body"].read()
+            if failed:
+                text = " ".join(body.decode("utf-8", "replace").split())
+                raise DeployError(f"the asynchronous inference failed: {text[:500] or 'empty failure object'} ({location})")
+            stored = head.get("ContentType") or ""
+            return render(body, stored if stored not in _UNTYPED else (accept or stored or "application/octet-stream"))
+        elapsed = time.monotonic() - started
+        if elapsed + poll_seconds > max_wait_seconds:
+            raise DeployError(f"no result at {output} after {elapsed:.0f}s; look later, or raise --max-wait")
+        if elapsed - said >= 30:  # a line every half minute, however often it looks
+            say(f"waiting for {output} ({elapsed:.0f}s)")
+            said = elapsed
+        time.sleep(poll_seconds)
+
+
+def _head(s3, bucket: str, key: str) -> dict | None:
+    try:
+        return s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error_code(error) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
 
 
 def render(body: bytes, content_type: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -107,9 +108,22 @@ def package(aws: Aws, model_dir: Path, bucket: str | None, prefix: str, create_b
         if _exists(s3, bucket, key):
             say(f"s3://{bucket}/{key} already holds this archive")
         else:
-            say(f"uploading {archive.stat().st_size} bytes to s3://{bucket}/{key}")
-            s3.upload_file(str(archive), bucket, key, ExtraArgs={"Metadata": {"sha256": digest}})
+            upload_with_progress(s3, archive, bucket, key, {"Metadata": {"sha256": digest}})
     return f"s3://{bucket}/{key}"
+
+
+def upload_with_progress(s3, path: Path, bucket: str, key: str, extra_args: dict | None = None) -> None:
+    """upload_file with a progress bar on stderr: a multi-GB model takes minutes."""
+    from tqdm import tqdm
+
+    size = Path(path).stat().st_size
+    say(f"uploading {size} bytes to s3://{bucket}/{key}")
+    # Not a terminal (CI logs, make's output captured): a line every few seconds instead of
+    # a redrawn bar, so the log shows progress without thousands of carriage returns.
+    with tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, desc=Path(key).name, file=sys.stderr,
+              mininterval=0.5 if sys.stderr.isatty() else 5.0, leave=True) as bar:
+        # boto3 calls back from its transfer threads with the bytes sent since the last call.
+        s3.upload_file(str(path), bucket, key, ExtraArgs=extra_args or {}, Callback=bar.update)
 
 
 def _exists(s3, bucket: str, key: str) -> bool:

@@ -138,7 +138,7 @@ def test_model_with_other_settings_exists(aws_env, cli, model, role, image):
     status, _, err = cli("create-model", "--model-name", model, "--image", image, "--model-data", "s3://artifacts/model.tar.gz",
                          "--role", role, "--env", "SAGEMAKER_MODEL_SERVER_WORKERS=2")
     assert status == 1
-    assert one_error_line(err).startswith(f"error: model {model} exists with a different image, data, environment or role")
+    assert one_error_line(err).startswith(f"error: model {model} exists with a different image, data, environment, role or network")
 
 
 def test_bad_env_pair(aws_env, cli, role, image):
@@ -299,7 +299,7 @@ def test_transform_no_wait_and_defaults(aws_env, boto, cli, model):
     assert "MaxConcurrentTransforms" not in job
     assert "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS" not in job["Environment"]
     assert "DataProcessing" not in job
-    assert job["ModelClientConfig"] == {"InvocationsTimeoutInSeconds": 600, "InvocationsMaxRetries": 1}
+    assert job["ModelClientConfig"] == {"InvocationsTimeoutInSeconds": 600, "InvocationsMaxRetries": 3}  # SageMaker's and local_test's default
 
 
 # ---------------------------------------------------------------- teardown

@@ -34,11 +34,14 @@ class Engine:
         self.local_images = set(local_images)
         self.push_fails = push_fails
         self.calls: list[tuple[list[str], bytes | None]] = []
+        self.relayed: list[list[str]] = []  # commands whose output the tool relays as progress
         self.tags: dict[str, str] = {}
 
-    def __call__(self, argv, input=None):
+    def __call__(self, argv, input=None, progress=False):
         argv = list(argv)
         self.calls.append((argv, input))
+        if progress:
+            self.relayed.append(argv)
         engine, verb, *rest = argv
         if engine not in self.answering:
             return Completed(1, "", f"Cannot connect to the {engine} daemon")
@@ -101,6 +104,8 @@ def test_push_creates_repository_logs_in_tags_pushes_and_prints_the_digest(aws_e
         (["docker", "push", f"{REGISTRY}/digits:v3"], None),
     ]
     assert all(password not in " ".join(argv) for argv, _ in engine.calls)
+    # The push, which takes minutes, is the one whose output reaches the user as it comes.
+    assert engine.relayed == [["docker", "push", f"{REGISTRY}/digits:v3"]]
 
     # Again: the repository exists already, the same digest comes back.
     status, again, err = cli("push", "sagemaker-pytorch-byoc:latest", "--repository", "digits", "--tag", "v3", runner=engine)
