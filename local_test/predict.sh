@@ -11,12 +11,16 @@
 #       JSON header's length travels in the Content-Type, because SageMaker drops
 #       custom request headers such as Inference-Header-Content-Length.
 #
-# Environment: HOST (localhost), PORT (8080). The payloads in local_test/payloads are
-# the first three samples of scikit-learn's digits data set (labels 0, 1, 2).
+# Environment: HOST (localhost) and PORT (8080: what `make run` and `make serve`
+# listen on; pass the PORT you gave them). The URL it posts to goes to stderr.
+# Needs curl, and for --v2-binary the system's python3: standard library only, so no
+# venv. The payloads in local_test/payloads are the first three samples of
+# scikit-learn's digits data set (labels 0, 1, 2).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 url="http://${HOST:-localhost}:${PORT:-8080}/invocations"
+echo "POST $url" >&2
 
 if [[ ${1:-} == --v2-binary ]]; then
     csv=${2:-$here/payloads/digits.csv}
