@@ -4,13 +4,20 @@ SageMaker relays the container's chunked answer as PayloadPart events whose byte
 cut wherever the network cut them: a JSON Lines record or a Server-Sent Event may span
 parts, and one part may hold several. So the bytes are reassembled here and printed
 per record (JSON Lines), per event (text/event-stream), or as they come (other text).
-A failure inside the stream arrives as a ModelStreamError or InternalStreamFailure
-event (botocore raises those as EventStreamError) and becomes one DeployError line.
+
+Two kinds of failure end a stream, each as one DeployError line (exit 1):
+- SageMaker's: a ModelStreamError (the container broke the stream or ran out of time)
+  or InternalStreamFailure event; botocore raises those as EventStreamError.
+- The container's: once the first chunk is sent the status cannot change any more, so
+  this project's server ends a failed stream with an error record in the stream's own
+  format: `event: error` with `data: {"error": ...}` (SSE), or a last JSON Lines
+  record that is `{"error": ...}` alone. An SSE `event: end` marks a normal end.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 from typing import Iterable, Iterator
 
 from botocore.exceptions import EventStreamError
@@ -30,16 +37,32 @@ class Fragment(str):
 class LineDecoder:
     """Bytes in, complete lines out; a line split across parts waits for its end."""
 
-    def __init__(self):
+    def __init__(self, json_records: bool = False):
         self._pending = b""
+        self._json_records = json_records
 
     def feed(self, data: bytes) -> Iterator[str]:
+        for line in self._lines(data):
+            yield self._checked(line)
+
+    def close(self) -> Iterator[str]:
+        for line in self._close():
+            yield self._checked(line)
+
+    def _checked(self, line: str) -> str:
+        if self._json_records and line.startswith('{"error"'):
+            record = _json(line)
+            if isinstance(record, dict) and list(record) == ["error"]:
+                raise DeployError(f"the model's stream failed: {_one_line(record['error'])}")
+        return line
+
+    def _lines(self, data: bytes) -> Iterator[str]:
         self._pending += data
         *lines, self._pending = self._pending.split(b"\n")
         for line in lines:
             yield line.rstrip(b"\r").decode("utf-8", "replace")
 
-    def close(self) -> Iterator[str]:
+    def _close(self) -> Iterator[str]:
         if self._pending.strip():
             yield self._pending.rstrip(b"\r").decode("utf-8", "replace")
         self._pending = b""
@@ -48,21 +71,22 @@ class LineDecoder:
 class EventDecoder:
     """Server-Sent Events (the WHATWG event-stream format): one printed item per event.
 
-    `data:` lines of one event are joined with newlines; comments (`:`), `event:`,
-    `id:` and `retry:` lines are read and not printed. An event cut off by the end of
-    the stream is still printed: it is the model's last word, not noise.
+    `data:` lines of one event are joined with newlines; comments (`:`), `id:` and
+    `retry:` lines are read and not printed. An event cut off by the end of the stream
+    is still printed: it is the model's last word, not noise.
     """
 
     def __init__(self):
         self._lines = LineDecoder()
         self._data: list[str] = []
+        self._event = "message"
 
     def feed(self, data: bytes) -> Iterator[str]:
-        for line in self._lines.feed(data):
+        for line in self._lines._lines(data):
             yield from self._line(line)
 
     def close(self) -> Iterator[str]:
-        for line in self._lines.close():
+        for line in self._lines._close():
             yield from self._line(line)
         yield from self._dispatch()
 
@@ -73,13 +97,23 @@ class EventDecoder:
         if line.startswith(":"):
             return
         field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
         if field == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
+            self._data.append(value)
+        elif field == "event":
+            self._event = value
 
     def _dispatch(self) -> Iterator[str]:
-        if self._data:
-            yield "\n".join(self._data)
-        self._data = []
+        data, event = "\n".join(self._data), self._event
+        had_data = bool(self._data)
+        self._data, self._event = [], "message"
+        if event == "error":
+            record = _json(data)
+            message = record.get("error", data) if isinstance(record, dict) else data
+            raise DeployError(f"the model's stream failed: {_one_line(message)}")
+        if event == "end" or not had_data:
+            return
+        yield data
 
 
 class TextDecoder:
@@ -127,7 +161,7 @@ def decoder_for(content_type: str):
     if kind == SSE:
         return EventDecoder()
     if kind in LINE_TYPES:
-        return LineDecoder()
+        return LineDecoder(json_records=kind != codec.CSV)
     if kind.startswith("text/") or kind == codec.JSON or kind.endswith("+json"):
         return TextDecoder()
     return WholeDecoder(content_type)
@@ -161,3 +195,14 @@ def stream_failure(failure: dict | EventStreamError) -> str:
     where = "the model's stream failed" if kind == "ModelStreamError" else "the stream failed inside SageMaker"
     return f"{where}: {kind}{f' {code}' if code else ''}: {message}"
 
+
+
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _one_line(value) -> str:
+    return " ".join(str(value).split()) or "no message"
