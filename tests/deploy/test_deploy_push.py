@@ -165,3 +165,118 @@ def test_push_refuses_an_oci_image(aws_env, boto, cli, media_type, kind):
         "`podman build --format docker` or `docker build --provenance=false` (make build does) and push again"
     )
     assert err.count("error:") == 1 and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- --output, progress
+
+
+def test_output_file_is_written_only_by_a_successful_push(aws_env, boto, cli, tmp_path):
+    """make push writes build/image-uri through --output: a failed push must leave nothing."""
+    target = tmp_path / "build" / "image-uri"
+    status, _, err = cli("push", "sagemaker-pytorch-byoc:latest", "--output", str(target), runner=Engine(boto, push_fails=True))
+    assert status == 1, err
+    assert not target.exists()
+    assert not (tmp_path / "build").exists() or list((tmp_path / "build").iterdir()) == []  # no empty or temporary file
+
+    status, out, err = cli("push", "sagemaker-pytorch-byoc:latest", "--output", str(target), runner=Engine(boto))
+    assert status == 0, err
+    assert target.read_text() == out  # the URI and its newline, the same as stdout
+    assert list(target.parent.iterdir()) == [target]
+
+
+def test_make_push_hands_the_file_to_the_tool():
+    """The Makefile's push target no longer redirects into a temporary file of its own."""
+    import subprocess
+
+    from tests.deploy.support import REPO_ROOT
+
+    dry = subprocess.run(["make", "-n", "push", "IMAGE=sagemaker-pytorch-byoc:latest"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    [line] = [line for line in dry.stdout.splitlines() if " -m deploy push " in line]
+    assert line.endswith("-m deploy push sagemaker-pytorch-byoc:latest --output build/image-uri")
+    assert "image-uri.tmp" not in dry.stdout
+
+
+def test_the_engines_progress_reaches_stderr_while_it_runs(tmp_path, monkeypatch):
+    """subprocess_runner(progress=True) relays output as it comes, not when the engine exits.
+
+    The child prints a line, then waits until the test has seen that line on the tool's
+    stderr; if the tool held the output back until the child ended, neither would move.
+    """
+    import sys
+    import threading
+
+    from deploy.push import subprocess_runner
+
+    released = tmp_path / "released"
+    seen = threading.Event()
+
+    class Stderr:
+        def __init__(self):
+            self.text = ""
+
+        def write(self, text):
+            self.text += text
+            if "layer 1/2 pushed" in self.text:
+                seen.set()
+                released.touch()
+
+        def flush(self):
+            pass
+
+    stderr = Stderr()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    child = (
+        "import os, sys, time\n"
+        "print('layer 1/2 pushed', flush=True)\n"
+        f"deadline = time.time() + 20\n"
+        f"while not os.path.exists({str(released)!r}):\n"
+        "    if time.time() > deadline: sys.exit('never released')\n"
+        "    time.sleep(0.01)\n"
+        "print('layer 2/2 pushed', file=sys.stderr, flush=True)\n"
+        "print('v3: digest: sha256:' + 'a' * 64 + ' size: 529', flush=True)\n"
+    )
+    done = subprocess_runner([sys.executable, "-c", child], None, progress=True)
+    assert done.returncode == 0, stderr.text
+    assert seen.is_set()
+    # Both of the engine's streams reach stderr; the tail is kept for the digest and errors.
+    assert stderr.text.splitlines() == ["layer 1/2 pushed", "layer 2/2 pushed", "v3: digest: sha256:" + "a" * 64 + " size: 529"]
+    assert done.stdout.endswith("size: 529\n")
+
+
+# ---------------------------------------------------------------- private registry arguments
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--registry", "team/digits"], "error: --registry takes HOST[:PORT]/REPO (a host with a dot or a port, a lower-case repository), got 'team/digits'"),
+        (["--registry", "registry.example.com/Team"], "error: --registry takes HOST[:PORT]/REPO (a host with a dot or a port, a lower-case repository), got 'registry.example.com/Team'"),
+        (["--registry", "registry.example.com/team/digits", "--username", "ci"],
+         "error: no password for ci: pipe it to --password-stdin or set REGISTRY_PASSWORD (never pass it as an argument)"),
+        (["--registry", "registry.example.com/team/digits", "--password-stdin"], "error: --password-stdin needs --username"),
+        (["--registry", "localhost:5000/digits", "--insecure", "--engine", "docker"],
+         "error: --insecure is for podman; docker takes plain-HTTP registries from insecure-registries in its daemon.json"),
+        (["--registry", "localhost:5000/digits", "--repository", "digits"],
+         "error: --repository names an ECR repository; with --registry the repository is part of HOST[:PORT]/REPO"),
+    ],
+)
+def test_registry_argument_refusals(monkeypatch, cli, argv, message):
+    # No AWS credentials or region at all: a registry push never needs them.
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "REGISTRY_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    engine = Engine(None, local_images=("sagemaker-pytorch-byoc:latest",))
+    status, out, err = cli("push", "sagemaker-pytorch-byoc:latest", *argv, runner=engine)
+    assert (status, out) == (1, "")
+    assert err.splitlines()[-1] == message
+    assert all(argv[1] not in ("login", "push") for argv, _ in engine.calls)
+
+
+def test_registry_login_flags_are_refused_for_ecr(aws_env, boto, cli):
+    engine = Engine(boto)
+    status, out, err = cli("push", "sagemaker-pytorch-byoc:latest", "--username", "ci", runner=engine)
+    assert (status, out) == (1, "")
+    assert err.splitlines()[-1] == "error: --username, --password-stdin and --insecure are for --registry; ECR logs in with your AWS credentials"
+    assert engine.calls == [] and boto("ecr").describe_repositories()["repositories"] == []
