@@ -2,7 +2,8 @@
 
 boto3 has no client for this API: it runs over HTTP/2 with event streams both ways, and
 AWS ships it as a separate SDK, `aws-sdk-sagemaker-runtime-http2` (asyncio, Smithy),
-which needs Python >= 3.12. The project's environment is Python 3.11, so the package is
+which needs Python >= 3.12, with its `awscrt` extra (the default aiohttp transport
+cannot stream both ways). The project's environment is Python 3.11, so the package is
 not a dependency: with it installed (in a 3.12+ environment), this command uses it;
 without, it says how to get it. docs/deploy.md shows the same calls as a script.
 
@@ -58,8 +59,9 @@ def sdk_missing() -> str | None:
         )
     try:
         import aws_sdk_sagemaker_runtime_http2  # noqa: F401
+        import smithy_http.aio.crt  # noqa: F401  (the one transport that streams both ways)
     except ImportError:
-        return f"invoke --bidirectional needs {PACKAGE}: pip install {PACKAGE}=={VERSION}"
+        return f"invoke --bidirectional needs {PACKAGE} with its CRT transport: pip install '{PACKAGE}[awscrt]=={VERSION}'"
     return None
 
 
@@ -91,6 +93,8 @@ def invoke(aws, endpoint_name: str, input_path: str, content_type: str | None) -
 async def _converse(endpoint_name, parts, region, credentials, endpoint_url, emit) -> None:
     from aws_sdk_sagemaker_runtime_http2.client import AsyncSageMakerRuntimeHTTP2Client
     from aws_sdk_sagemaker_runtime_http2.config import AsyncSageMakerRuntimeHTTP2Config
+    from smithy_http.aio.crt import AWSCRTHTTPClient
+
     from aws_sdk_sagemaker_runtime_http2.models import (
         InvokeEndpointWithBidirectionalStreamInput,
         RequestPayloadPart,
@@ -106,6 +110,7 @@ async def _converse(endpoint_name, parts, region, credentials, endpoint_url, emi
         "aws_access_key_id": credentials.access_key,
         "aws_secret_access_key": credentials.secret_key,
         "aws_session_token": credentials.token,
+        "transport": AWSCRTHTTPClient(),
     }
     if endpoint_url:
         overrides["endpoint_uri"] = endpoint_url
