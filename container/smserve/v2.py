@@ -15,14 +15,14 @@ more than its own body justifies.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
 
 import numpy as np
+import orjson
 
-from . import datatypes
+from . import datatypes, textout
 from .errors import BadRequest, ServerError
 from .inference import InferenceRequest, InferenceResponse, OutputTensor, RequestedOutput
 from .metadata import ModelMetadata, TensorSpec
@@ -70,32 +70,49 @@ def sagemaker_header_length(content_type: str | None, content_length: int) -> in
             f"expect MIME type for binary data starts with '{SAGEMAKER_BINARY_CONTENT_TYPE}', got: {content_type}"
         )
     rest = content_type[len(SAGEMAKER_BINARY_CONTENT_TYPE) :]
+    if content_type.count("json-header-size") > 1 or "," in rest:
+        # Two Content-Type headers (joined with ',') or two sizes in one: which is meant?
+        raise BadRequest(f"ambiguous Content-Type: it gives json-header-size more than once, got: {_shown(content_type)}")
     value = _stoi(rest)
     if value is None:
-        raise BadRequest(f"Unable to parse inference header size, got: {rest}")
+        raise BadRequest(f"Unable to parse inference header size, got: {_shown(rest)}")
     if not _INT32_MIN <= value <= _INT32_MAX:
-        raise BadRequest(f"Unable to parse inference header size, value is out of range, got: {rest}")
-    return _in_body(value, content_length, rest)
+        raise BadRequest(f"Unable to parse inference header size, value is out of range, got: {_shown(rest)}")
+    return _in_body(value, content_length, _shown(rest))
 
 
 def header_length_from_header(value: str | None, content_length: int) -> int | None:
     """The JSON header length from `Inference-Header-Content-Length`; None when absent."""
     if value is None:
         return None
+    if "," in value:
+        # gunicorn joins repeated headers with ',': two lengths, and no way to tell which.
+        raise BadRequest(f"ambiguous {HEADER_LENGTH_HEADER}: the request sends it more than once, got: {_shown(value)}")
     parsed = _stoi(value)
     if parsed is None:
-        raise BadRequest(f"Unable to parse {HEADER_LENGTH_HEADER}, got: {value}")
+        raise BadRequest(f"Unable to parse {HEADER_LENGTH_HEADER}, got: {_shown(value)}")
     if not _INT32_MIN <= parsed <= _INT32_MAX:
         raise BadRequest(
             f"Unable to parse {HEADER_LENGTH_HEADER}, value is out of range "
-            f"[ {_INT32_MIN}, {_INT32_MAX} ], got: {value}"
+            f"[ {_INT32_MIN}, {_INT32_MAX} ], got: {_shown(value)}"
         )
-    return _in_body(parsed, content_length, value)
+    return _in_body(parsed, content_length, _shown(value))
 
 
 def _stoi(text: str) -> int | None:
     match = _STOI.match(text)
-    return int(match.group(1)) if match else None
+    if not match:
+        return None
+    sign, digits = match.group(1)[:1], match.group(1).lstrip("+-").lstrip("0")
+    if len(digits) > 12:
+        # Out of int32 range whatever follows, and int() refuses 4,300+ digits (ValueError).
+        return _INT32_MIN - 1 if sign == "-" else _INT32_MAX + 1
+    return int((sign if sign in "+-" else "") + (digits or "0"))
+
+
+def _shown(text: str) -> str:
+    """A header value as an error message shows it: the first 64 characters."""
+    return text if len(text) <= 64 else text[:64] + f"... ({len(text)} characters)"
 
 
 def _in_body(value: int, content_length: int, shown: str) -> int:
@@ -147,25 +164,24 @@ def decode_json_request(doc: dict, metadata: ModelMetadata) -> InferenceRequest:
 
 def _parse_json(raw: memoryview, whole_body: bool) -> dict:
     try:
-        text = str(raw, "utf-8")
-    except UnicodeDecodeError as e:
-        raise BadRequest(f"failed to parse the request JSON buffer: invalid UTF-8 at {e.start}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        if e.msg.startswith("str is not valid UTF-8"):
+            try:
+                str(raw, "utf-8")
+            except UnicodeDecodeError as bad:
+                raise BadRequest(f"failed to parse the request JSON buffer: invalid UTF-8 at {bad.start}") from None
+        if "depth" in e.msg or "recursion" in e.msg:
+            raise BadRequest(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_NESTING})") from None
         message = f"failed to parse the request JSON buffer: {e.msg} at {e.pos}"
-        if e.msg == "Extra data" and whole_body:
+        if e.msg == "unexpected content after document" and whole_body:
             # The usual cause (Triton issues #1822, #4244): binary tensors appended
             # without telling the server where the JSON ends.
             message += (
-                f"; binary data after the JSON needs the JSON's length in '{HEADER_LENGTH_HEADER}'"
+                f" (Extra data); binary data after the JSON needs the JSON's length in '{HEADER_LENGTH_HEADER}'"
                 f" or in the Content-Type '{SAGEMAKER_BINARY_CONTENT_TYPE}<N>'"
             )
         raise BadRequest(message) from None
-    except RecursionError:
-        raise BadRequest(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_NESTING})") from None
-    except ValueError as e:  # e.g. an integer with more digits than Python converts
-        raise BadRequest(f"failed to parse the request JSON buffer: {e}") from None
     if not isinstance(doc, dict):
         raise BadRequest("failed to parse the request JSON buffer: the request must be a JSON object")
     return doc
@@ -771,13 +787,13 @@ def encode_response(response: InferenceResponse) -> tuple[bytes, int | None]:
             entry["parameters"] = {"binary_data_size": blob.nbytes}
             if blob.nbytes:
                 blobs.append(blob)
+            entries.append(textout.dumps(entry))
         else:
-            entry["data"] = _json_data(tensor.data, tensor.datatype)
-        entries.append(entry)
-    head["outputs"] = entries
-    # ensure_ascii: names and ids from requests may hold lone surrogates; escaped, they
-    # are still valid JSON and never fail to encode.
-    header = json.dumps(head, separators=(",", ":")).encode("ascii")
+            # The data, often most of the body, is written a bounded slice at a time.
+            entries.append(textout.dumps(entry)[:-1] + b',"data":' + _json_data(tensor.data, tensor.datatype) + b"}")
+    # Non-ASCII names and ids go out as UTF-8; ones with lone surrogates (which UTF-8
+    # cannot carry) are escaped by textout.dumps' fallback, so encoding never fails.
+    header = textout.dumps(head)[:-1] + b',"outputs":[' + b",".join(entries) + b"]}"
     if not blobs:
         return header, None
     # One copy of each tensor: straight from its memory into the body.
@@ -809,10 +825,11 @@ def to_binary(array: np.ndarray, datatype: str) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
-def _json_data(array: np.ndarray, datatype: str) -> list:
+def _json_data(array: np.ndarray, datatype: str) -> bytes:
+    """A flat JSON list; NaN and infinities as null (JSON has no spelling for them)."""
     if datatype == "BYTES":
-        return [v if isinstance(v, str) else v.decode("utf-8") for v in array.reshape(-1).tolist()]
-    return array.reshape(-1).tolist()
+        return textout.dumps([v if isinstance(v, str) else v.decode("utf-8") for v in array.reshape(-1).tolist()])
+    return textout.array_json(np.ravel(array))
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
@@ -848,7 +865,7 @@ def float32_to_bf16(values: np.ndarray) -> np.ndarray:
 
 def encode_error(message: str) -> bytes:
     """The `{"error":"..."}` body every v2 error carries (compact, as Triton's clients grep it)."""
-    return json.dumps({"error": message}, separators=(",", ":")).encode("ascii")
+    return textout.dumps({"error": message})
 
 
 def _dims(shape) -> str:

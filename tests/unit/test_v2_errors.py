@@ -475,15 +475,81 @@ def test_json_data_not_an_array():
         ("i", "INT64", [2**63, 2], "out of range for INT64"),
         ("f", "FP32", ["1.0", 2], "non-number as double"),
         ("f", "FP64", [False, 2], "non-number as double"),
-        ("f", "FP64", [10**400, 2], "out of range for FP64"),
         ("s", "BYTES", [1, "a"], "Unable to parse JSON bytes array: attempt to access JSON non-string as string"),
-        ("s", "BYTES", ["\ud800", "a"], "not valid Unicode"),
     ],
 )
 def test_json_data_of_the_wrong_type(name, datatype, data, needle):
     typed = ModelMetadata(name="typed", inputs=(TensorSpec(name, datatype, (-1,)),))
     message = rejects(doc([{"name": name, "shape": [2], "datatype": datatype, "data": data}]), metadata=typed)
     assert needle in message and message.endswith(f"for input '{name}'")
+
+
+@pytest.mark.parametrize(
+    "datatype, data, needle",
+    [
+        ("FP64", [10**400, 2], "number is infinity"),  # beyond float64 (and Python's 4,300-digit int limit)
+        ("INT64", ["DIGITS", 2], "number is infinity"),
+        ("FP32", [float("nan"), 2], "unexpected character"),  # NaN is not JSON
+        ("FP32", [float("inf"), 2], "unexpected character"),
+        ("BYTES", ["\ud800", "a"], "no low surrogate"),  # not Unicode text
+    ],
+)
+def test_json_data_that_is_not_strict_json(datatype, data, needle):
+    typed = ModelMetadata(name="typed", inputs=(TensorSpec("x", datatype, (-1,)),))
+    body = doc([{"name": "x", "shape": [2], "datatype": datatype, "data": data}])
+    body = body.replace(b'"DIGITS"', b"1" * 5000)  # json.dumps cannot write an int this long
+    message = rejects(body, metadata=typed)
+    assert message.startswith("failed to parse the request JSON buffer:") and needle in message
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        PREFIX + "1" * 5000,
+        PREFIX + "12;" + PREFIX + "15",  # json-header-size twice
+        PREFIX + "12,application/json",  # two Content-Type headers joined by ','
+        PREFIX + "12," + PREFIX + "15",
+    ],
+)
+def test_sagemaker_header_length_huge_or_ambiguous(content_type):
+    with pytest.raises(BadRequest) as info:
+        v2.sagemaker_header_length(content_type, 50)
+    assert info.value.status == 400 and len(info.value.message) < 300
+    assert ("ambiguous" in info.value.message) == ("," in content_type or content_type.count("size=") > 1)
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "-" + "9" * 5000, "12,15", "12,12", "12, 15"])
+def test_inference_header_content_length_huge_or_ambiguous(value):
+    with pytest.raises(BadRequest) as info:
+        v2.header_length_from_header(value, 50)
+    message = info.value.message
+    assert info.value.status == 400 and len(message) < 300
+    if "," in value:
+        assert message.startswith("ambiguous Inference-Header-Content-Length")
+    else:
+        assert "value is out of range" in message
+
+
+def test_header_length_with_many_leading_zeros_is_its_value():
+    assert v2.header_length_from_header("0" * 5000 + "12", 50) == 12
+    assert v2.sagemaker_header_length(PREFIX + "0" * 5000 + "12", 50) == 12
+
+
+def test_json_outputs_hold_no_nan_or_infinity():
+    """NaN and infinities are not JSON: JSON outputs write null; binary carries them."""
+    import orjson
+
+    values = np.array([[np.nan, np.inf, -np.inf, 0.1]], dtype=np.float32)
+    metadata = ModelMetadata(name="n", inputs=(TensorSpec("x", "FP32", (-1, 4)),),
+                             outputs=(TensorSpec("y", "FP32", (-1, 4)),))
+    request = v2.decode_request(doc([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]),
+                                None, metadata)
+    body, header_length = v2.encode_response(v2.build_response(request, {"y": values}, metadata))
+    assert header_length is None
+    assert orjson.loads(body)["outputs"][0]["data"] == [None, None, None, 0.1]
+    request.binary_output = True
+    body, header_length = v2.encode_response(v2.build_response(request, {"y": values}, metadata))
+    np.testing.assert_array_equal(np.frombuffer(body[header_length:], dtype="<f4"), values.reshape(-1))
 
 
 # --------------------------------------------------------------------------------------

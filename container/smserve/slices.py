@@ -1,0 +1,56 @@
+"""How big a piece of work one C call may take, so the event loop keeps the GIL's turns.
+
+The server decodes and encodes on a codec thread while the gevent loop answers /ping
+on another. json/orjson/np.loadtxt and numpy's conversions are C code that hold the
+GIL for their whole run (orjson.loads of 52 MB: 0.34 s), and the loop only gets the
+GIL back between Python-level steps. So every codec step whose cost grows with the
+body works in pieces of about these sizes, each a few milliseconds on one core, and
+stitches the pieces together; the result is identical to doing it in one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+# Text handed to one np.loadtxt / orjson.loads call (~2-5 ms).
+TEXT_BYTES = 256 * 1024
+# Values converted, cast or formatted by one numpy / orjson.dumps call (~1-3 ms).
+VALUES = 1 << 16
+# Bytes scanned by one vectorised step over a JSON body (a few numpy passes: ~2-4 ms).
+SCAN_BYTES = 1 << 20
+
+
+def row_slices(array: np.ndarray, values: int | None = None) -> Iterator[slice]:
+    """Slices along dimension 0, each holding about `values` elements (at least one row)."""
+    rows = len(array)
+    per_row = max(1, array.size // rows) if rows else 1
+    step = max(1, (values or VALUES) // per_row)
+    for start in range(0, rows, step):
+        yield slice(start, min(start + step, rows))
+
+
+def stack(parts: list[np.ndarray]) -> np.ndarray:
+    """np.concatenate of same-shaped pieces, one bounded copy at a time."""
+    if len(parts) == 1:
+        return parts[0]
+    out = np.empty((sum(len(p) for p in parts),) + parts[0].shape[1:], dtype=parts[0].dtype)
+    at = 0
+    for part in parts:
+        out[at : at + len(part)] = part
+        at += len(part)
+    return out
+
+
+def cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """np.ascontiguousarray(array, dtype), converting a bounded slice per call."""
+    dtype = np.dtype(dtype)
+    if array.dtype == dtype and array.flags.c_contiguous:
+        return array
+    if array.ndim == 0 or array.size <= VALUES:
+        return np.ascontiguousarray(array, dtype=dtype)
+    out = np.empty(array.shape, dtype=dtype)
+    for s in row_slices(array):
+        out[s] = array[s]
+    return out
