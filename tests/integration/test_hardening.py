@@ -1,0 +1,202 @@
+"""The contract under the conditions SageMaker creates: kept-alive load-balancer
+connections at SIGTERM, slow and stalled clients, worker crashes. A real gunicorn."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.integration.http_raw import Reader, connect, json_request, request_bytes
+
+CONNECTIONS = 32
+# Each batch takes a while, so at SIGTERM most requests are still queued, unread or
+# unanswered: exactly the ones a careless drain loses.
+SLOW_PREDICT = '''
+import time
+
+def predict_fn(data, model):
+    time.sleep(0.05)
+    return model(data)
+'''
+
+
+def _pixels(i: int) -> list[list[float]]:
+    return [[float((i + j) % 17) for j in range(64)]]
+
+
+def _open_kept_alive(port: int, count: int) -> list[tuple]:
+    """Connections that already carried one request, as a load balancer's are."""
+    conns = []
+    for _ in range(count):
+        sock = connect(port)
+        reader = Reader(sock)
+        sock.sendall(request_bytes("GET", "/ping"))
+        assert reader.response().status == 200
+        conns.append((sock, reader))
+    return conns
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay_s, pipelined", [(0.0, False), (0.05, False), (0.0, True)],
+                         ids=["signal-at-once", "signal-50ms-after", "pipelined-pair"])
+def test_sigterm_answers_every_request_already_sent(make_server, model_copy, delay_s, pipelined):
+    server = make_server(model_copy(SLOW_PREDICT), {"SMSERVE_GRACEFUL_TIMEOUT": "20"})
+    conns = _open_kept_alive(server.port, CONNECTIONS)
+    per_connection = 2 if pipelined else 1
+    for i, (sock, _) in enumerate(conns):
+        sock.sendall(b"".join(json_request({"instances": _pixels(i + k)}) for k in range(per_connection)))
+    time.sleep(delay_s)
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+
+    answered, failures = 0, []
+    for i, (sock, reader) in enumerate(conns):
+        for k in range(per_connection):
+            try:
+                resp = reader.response()
+            except (ConnectionError, OSError) as e:
+                failures.append(f"connection {i} request {k}: {e}")
+                continue
+            if resp.status == 200 and len(resp.json()["predictions"]) == 1:
+                answered += 1
+            else:
+                failures.append(f"connection {i} request {k}: {resp.status} {resp.body[:200]!r}")
+        sock.close()
+    assert answered == CONNECTIONS * per_connection, failures
+    assert server.proc.wait(30) == 0
+    # Idle kept-alive connections were closed at once, not held to the graceful timeout.
+    assert time.monotonic() - started < 15
+    assert "graceful timeout" not in server.log().lower()
+
+
+def test_sigterm_closes_idle_kept_alive_connections_at_once(make_server, example_model_dir):
+    server = make_server(example_model_dir, {"SMSERVE_GRACEFUL_TIMEOUT": "20"})
+    conns = _open_kept_alive(server.port, 8)
+    silent = connect(server.port)  # connected, never sent a byte
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(15) == 0
+    assert time.monotonic() - started < 5
+    for sock, _ in conns + [(silent, None)]:
+        sock.settimeout(2)
+        assert sock.recv(1) == b""  # closed by the server, without an answer to nothing
+        sock.close()
+
+
+def test_stalled_body_gets_408_and_the_connection_is_freed(make_server, example_model_dir):
+    server = make_server(example_model_dir, {"SMSERVE_BODY_TIMEOUT": "1", "SMSERVE_HEADER_TIMEOUT": "1"})
+    stalled = connect(server.port)
+    stalled.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: text/csv\r\nContent-Length: 1000\r\n\r\n"
+                    + b"1,2,3,4,5,")
+    head_only = connect(server.port)
+    head_only.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\n")  # never finishes its head
+    for sock in (stalled, head_only):
+        sock.settimeout(10)
+        resp = Reader(sock).response()
+        assert resp.status == 408
+        assert "error" in resp.json()
+        assert sock.recv(1) == b""
+        sock.close()
+    assert requests.get(server.url + "/ping", timeout=2).status_code == 200
+
+
+@pytest.mark.slow
+def test_a_thousand_slow_clients_do_not_starve_ping(make_server, example_model_dir):
+    # A small cap makes the eviction path run: at the cap, the longest-waiting stalled
+    # connection makes room, so /ping always gets in.
+    server = make_server(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": "200", "SMSERVE_BODY_TIMEOUT": "50"})
+    slow = []
+    for _ in range(1000):
+        try:
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            sock.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: text/csv\r\n"
+                         b"Content-Length: 1000\r\n\r\n1,2,3,4,5,")
+            slow.append(sock)
+        except OSError:
+            pass  # an evicted connection may be reset while we still send
+    try:
+        latencies = []
+        for _ in range(20):
+            started = time.monotonic()
+            assert requests.get(server.url + "/ping", timeout=2).status_code == 200
+            latencies.append(time.monotonic() - started)
+        assert max(latencies) < 2
+        resp = requests.post(server.url + "/invocations", json={"instances": _pixels(0)}, timeout=5)
+        assert resp.status_code == 200
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+def _worker_pids(master_pid: int) -> set[int]:
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == master_pid:
+                pids.add(int(entry))
+    return pids
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_worker_leaves_the_instance_healthy(make_server, model_copy):
+    server = make_server(model_copy(SLOW_PREDICT), {"SAGEMAKER_MODEL_SERVER_WORKERS": "2"})
+    workers = _worker_pids(server.proc.pid)
+    assert len(workers) == 2
+    statuses: list[int | str] = []
+    pings: list[int | str] = []
+    stop = threading.Event()
+
+    def load():
+        session = requests.Session()
+        while not stop.is_set():
+            try:
+                r = session.post(server.url + "/invocations", json={"instances": _pixels(1)}, timeout=10)
+                statuses.append(r.status_code)
+            except requests.RequestException as e:
+                statuses.append(type(e).__name__)
+                session = requests.Session()
+
+    def ping():
+        while not stop.is_set():
+            try:
+                pings.append(requests.get(server.url + "/ping", timeout=2).status_code)
+            except requests.RequestException as e:
+                pings.append(type(e).__name__)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=load) for _ in range(4)] + [threading.Thread(target=ping)]
+    for t in threads:
+        t.start()
+    time.sleep(1)
+    victim = min(workers)
+    before = len(statuses)
+    os.kill(victim, signal.SIGKILL)
+    # Until the replacement has loaded its model and beyond.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        current = _worker_pids(server.proc.pid)
+        if len(current) == 2 and victim not in current and server.log().count(" ready: model") >= 3:
+            break
+        time.sleep(0.2)
+    time.sleep(1)
+    stop.set()
+    for t in threads:
+        t.join(15)
+    after_kill = statuses[before:]
+    # Only requests in flight on the killed worker may fail (a reset); no 503 "loading"
+    # from the replacement, ever, and /ping never says the instance is down.
+    assert 503 not in after_kill, after_kill
+    assert sum(1 for s in after_kill if s != 200) <= 8, [s for s in after_kill if s != 200]
+    assert all(p == 200 for p in pings), [p for p in pings if p != 200]
+    assert len(_worker_pids(server.proc.pid)) == 2
