@@ -29,7 +29,7 @@ LOCK := lock/dev$(if $(filter cpu,$(TORCH_VARIANT)),-no-torch).txt
 STAMP := $(VENV)/.installed-$(TORCH_VARIANT)
 UV_VERSION := 0.13.9
 
-.PHONY: help install lock model new-model serve test batch-example bench clean
+.PHONY: help install lock model model-textgen new-model serve test batch-example bench clean
 
 help: ## This list (variables: README "Make targets and variables")
 	@awk -F':[^#]*## ' '/^[a-zA-Z][a-zA-Z0-9_-]*:[^=].*## /{printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -57,6 +57,13 @@ model: $(EXAMPLE_MODEL_DIR)/metadata.json ## Train the example digits classifier
 
 $(EXAMPLE_MODEL_DIR)/metadata.json: $(STAMP) model/digits.py model/train.py
 	$(PY) -m model.train --out build
+
+TEXTGEN_MODEL_DIR := build/textgen
+
+model-textgen: $(TEXTGEN_MODEL_DIR)/config.json ## Train the streaming example (a character GRU) into build/textgen (+ .tar.gz)
+
+$(TEXTGEN_MODEL_DIR)/config.json: $(STAMP) model/textgen/train.py model/textgen/inference.py
+	$(PY) -m model.textgen.train --out build
 
 new-model: install ## metadata.json + code/inference.py for the model.pt2/model.pt in DIR (make new-model DIR=...)
 	@test -n "$(DIR)" || { echo "usage: make new-model DIR=folder-holding-model.pt2-or-model.pt" >&2; exit 2; }
