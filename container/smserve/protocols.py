@@ -157,7 +157,7 @@ class Hooks(Protocol):
     def answer(self, message, server, settings):
         default = default_accept(settings, message.kind)
         if server.streams:
-            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn is not None)
+            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn)
             return streams.reply(server, server.stream_with_hooks(message, stream_format), stream_format)
         if server.model.hooks.output_fn is not None:
             # The user's output_fn may speak types we do not: it gets the client's first choice.
@@ -171,7 +171,7 @@ class Hooks(Protocol):
 
         result = server.infer_with_hooks(message, accept, encode)
         if not isinstance(result, tuple):  # predict_fn returned an iterator: stream it
-            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn is not None)
+            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn)
             return streams.reply(server, server.stream_items(result, stream_format, accept), stream_format)
         payload, media = result
         return Reply(payload, {"Content-Type": media})

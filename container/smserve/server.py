@@ -142,7 +142,12 @@ class ModelServer:
         loop keeps answering /ping meanwhile."""
         if size < OFFLOAD_BYTES:
             return fn(*args)
-        return self.codec_pool.apply(fn, args)
+        # The pool would print a traceback for an exception it carries back (a bad
+        # body is a 4xx, not a crash): carry it as a value and raise it here.
+        ok, value = self.codec_pool.apply(_captured, (fn, args))
+        if ok:
+            return value
+        raise value
 
     def passes(self, inputs: dict[str, np.ndarray]) -> int:
         """How many forward passes a request takes (more than one past the max batch)."""
@@ -260,6 +265,13 @@ def worker_slot_from_env() -> dict:
         "workers": int(workers) if workers else None,
         "state_dir": os.environ.get("SMSERVE_STATE_DIR"),
     }
+
+
+def _captured(fn, args):
+    try:
+        return True, fn(*args)
+    except Exception as e:  # noqa: BLE001 - re-raised on the event loop's side
+        return False, e
 
 
 def _is_stream(prediction) -> bool:

@@ -56,6 +56,9 @@ class Settings:
     # max_connections per worker, the longest-waiting evicted first at the cap.
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    # An answer's bytes must keep leaving: a client that stops reading for this long
+    # (None: body_timeout) is cut off, so it cannot pin the answer's memory.
+    send_timeout: float | None = None
     max_connections: int = 4096
     # Requests whose decode or encode cost grows with the body run on this many
     # codec threads, off the event loop.
@@ -71,6 +74,17 @@ class Settings:
         if self.batch:
             return (self.max_payload_mb or 6) * MB
         return self.max_request_mb * MB
+
+    @property
+    def body_limit_setting(self) -> str:
+        """Which variable sets max_body_bytes, for error messages."""
+        if self.batch:
+            return f"SAGEMAKER_MAX_PAYLOAD_IN_MB={self.max_payload_mb or 6}"
+        return f"{PREFIX}MAX_REQUEST_MB={self.max_request_mb}"
+
+    @property
+    def send_deadline(self) -> float:
+        return self.send_timeout if self.send_timeout is not None else self.body_timeout
 
     @property
     def request_timeout(self) -> int:
@@ -191,6 +205,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "max_batch_delay_ms": (PREFIX + "MAX_BATCH_DELAY_MS", _delay_ms),
     "header_timeout": (PREFIX + "HEADER_TIMEOUT", _seconds),
     "body_timeout": (PREFIX + "BODY_TIMEOUT", _seconds),
+    "send_timeout": (PREFIX + "SEND_TIMEOUT", _seconds),
     "max_connections": (PREFIX + "MAX_CONNECTIONS", _positive_int),
     "codec_threads": (PREFIX + "CODEC_THREADS", _positive_int),
     "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),

@@ -275,7 +275,7 @@ class GeventModelWorker(base.Worker):
     def handle_request(self, listener_name, req, sock, addr, parser) -> bool:
         """Serve one request; True when the connection may carry another."""
         started = time.monotonic()
-        resp, environ = wsgi.create(req, sock, addr, listener_name, self.cfg)
+        resp, environ = wsgi.create(req, _Sender(sock, self.settings.send_deadline), addr, listener_name, self.cfg)
         environ["wsgi.multithread"] = True
         try:
             body = self._read_body(req)
@@ -300,6 +300,12 @@ class GeventModelWorker(base.Worker):
             for item in respiter:
                 resp.write(item)
             resp.close()
+        except _SendTimeout as e:
+            self.log.info("answer cut off: %s", e)
+            return False
+        except OSError as e:
+            self.log.debug("client went away during the answer: %s", e)
+            return False
         except Exception:
             if resp.headers_sent:
                 # A streamed answer failed part-way: ending the connection without the
@@ -319,11 +325,13 @@ class GeventModelWorker(base.Worker):
     def _read_body(self, req) -> bytes:
         """The whole body, within the body deadline and the payload limit."""
         limit = self.settings.max_body_bytes
+        too_big = f"exceeds the payload limit of {limit} bytes ({self.settings.body_limit_setting})"
         declared = _content_length(req)
         if declared is not None and declared > limit:
-            raise _ClientError(413, f"request body of {declared} bytes exceeds the payload limit of {limit} bytes")
+            raise _ClientError(413, f"request body of {declared} bytes {too_big}")
         if req.body is None:
             return b""
+        _check_chunk_sizes(req.body, limit, too_big)
         parts = []
         total = 0
         try:
@@ -335,7 +343,7 @@ class GeventModelWorker(base.Worker):
                         break
                     total += len(data)
                     if total > limit:
-                        raise _ClientError(413, f"request body exceeds the payload limit of {limit} bytes")
+                        raise _ClientError(413, f"request body {too_big}")
                     parts.append(data)
         except (http_errors.ParseException, http_errors.NoMoreData) as e:
             status, message = _parse_error(e)
@@ -353,6 +361,56 @@ class GeventModelWorker(base.Worker):
                 sock.sendall(head.encode("latin-1") + body)
         except OSError:
             pass
+
+
+class _SendTimeout(Exception):
+    """The client stopped reading its answer."""
+
+
+class _Sender:
+    """The connection as the response writer sees it: every send must make progress
+    within the send deadline, so a client that stops reading cannot hold the worker's
+    connection and the answer's memory for ever. A slow reader that keeps reading is
+    served to the end."""
+
+    def __init__(self, sock, timeout: float):
+        self._sock = sock
+        self._timeout = timeout
+
+    def sendall(self, data) -> None:
+        raw = self._sock._sock  # the non-blocking OS socket under gevent's
+        view = memoryview(data).cast("B")
+        while view:
+            try:
+                sent = raw.send(view)
+            except (BlockingIOError, InterruptedError):
+                gevent_socket.wait_write(raw.fileno(), timeout=self._timeout, timeout_exc=_SendTimeout(
+                    f"the client read nothing of its answer for {self._timeout:g} s (SMSERVE_SEND_TIMEOUT)"))
+                continue
+            view = view[sent:]
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def _check_chunk_sizes(body, limit: int, too_big: str) -> None:
+    """A chunked body is refused as soon as its declared chunk sizes pass the limit,
+    not after that many bytes have been read (or waited for)."""
+    reader = getattr(body, "reader", None)
+    parse = getattr(reader, "parse_chunk_size", None)
+    if parse is None:
+        return
+    declared = 0
+
+    def checked(unreader, data=None):
+        nonlocal declared
+        size, rest = parse(unreader, data)
+        declared += size
+        if declared > limit:
+            raise _ClientError(413, f"chunked request body of at least {declared} bytes {too_big}")
+        return size, rest
+
+    reader.parse_chunk_size = checked
 
 
 def _buffered(parser) -> bool:
