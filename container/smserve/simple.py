@@ -4,15 +4,34 @@ These are what the SageMaker Python SDK's serializers send. CSV and JSON Lines c
 record a line, and their responses carry exactly one line per record, in order, so
 batch transform's `AssembleWith=Line` and `JoinSource=Input` work. Pure functions over
 bytes and arrays: no Flask, no torch.
+
+Numbers, as decided (one rule for JSON, JSON Lines and CSV):
+- Request text carries finite numbers only. JSON is parsed strictly (RFC 8259, orjson):
+  `NaN`/`Infinity` literals and numbers beyond float64 (`1e999`, an integer of 400+
+  digits) are not JSON: 400. CSV cells are what numpy's reader takes (`1`, `-2.5e3`,
+  `.5`, surrounding spaces); `nan`, `inf`, a cell that overflows float64 (`1e999`), and
+  anything else (`1_0`, `0x10`, `1,5` in one cell) are a 400 naming line and column.
+  JSON `null`, `true`/`false` and strings ("1") where numbers belong are a 400 naming
+  the record or line and the position in it; they are never read as numbers.
+- A finite value too big for the input's float type (1e39 for an FP32 input) is a 400,
+  not a silent infinity. NaN and infinities travel only in .npy or v2 binary, as-is.
+- Responses: JSON and JSON Lines write NaN and ±Infinity as `null` (strict parsers
+  reject anything else); CSV writes `nan`, `inf`, `-inf`; .npy (and v2 binary) carry
+  them as they are. Floats are written with their shortest round-trip digits for
+  their own width (float32 0.1 is `0.1`); exponent notation is orjson's (`1e-8`).
+
+Work whose cost grows with the body runs in slices of bounded size (slices.py), so a
+codec thread never holds the GIL for long while the event loop answers /ping.
 """
 
 from __future__ import annotations
 
-import io
-import json
+import math
 
 import numpy as np
+import orjson
 
+from . import npy, records, slices, textout
 from .errors import BadRequest, NotAcceptable
 from .metadata import ModelMetadata, TensorSpec
 
@@ -31,8 +50,8 @@ ALIASES = {
 }
 # Keys of a JSON object that hold the records, as the SageMaker and TF Serving
 # conventions name them.
-RECORD_KEYS = ("instances", "inputs", "features", "data")
-MAX_JSON_DEPTH = 100
+RECORD_KEYS = records.RECORD_KEYS
+MAX_JSON_DEPTH = records.MAX_JSON_DEPTH
 
 
 def media_type(content_type: str | None) -> str:
@@ -52,28 +71,24 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata) -> dict[str,
     if kind == JSON:
         return decode_json(parse_json(body), metadata)
     if kind == CSV:
-        return shape_inputs(_records_from_csv(body), metadata)
+        return shape_inputs(records.csv(body), metadata)
     if kind == JSONLINES:
-        return shape_inputs(_records_from_jsonlines(body), metadata)
+        return shape_inputs(records.jsonlines(body), metadata)
     if kind == NPY:
-        return shape_inputs(_array_from_npy(body), metadata)
+        return shape_inputs(npy.read(body), metadata)
     raise ValueError(f"not a simple content type: {content_type}")
 
 
 def decode_json(document, metadata: ModelMetadata) -> dict[str, np.ndarray]:
-    """An already-parsed JSON body -> named input arrays."""
+    """An already-parsed JSON body (from parse_json) -> named input arrays."""
     return shape_inputs(_records_from_json(document), metadata)
 
 
 def parse_json(body: bytes, where: str = "request body"):
-    try:
-        return json.loads(body)
-    except UnicodeDecodeError:
-        raise BadRequest(f"{where} is not UTF-8 text") from None
-    except RecursionError:
-        raise BadRequest(f"{where}: JSON nesting is too deep") from None
-    except json.JSONDecodeError as e:
-        raise BadRequest(f"{where} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    """The JSON document, parsed strictly. A big list of numeric records (bare or under
+    one of RECORD_KEYS) is parsed in bounded slices and comes back as a float64
+    ndarray in its place, which decode_json takes and v2.is_v2_document refuses."""
+    return records.parse_document(body, where)
 
 
 def _records_from_json(document):
@@ -87,133 +102,35 @@ def _records_from_json(document):
             + ", ".join(f"'{k}'" for k in RECORD_KEYS)
             + "; or send a bare list"
         )
-    if isinstance(document, list):
+    if isinstance(document, list | np.ndarray):
         return document
     raise BadRequest("JSON body must be a list of records or an object holding one")
 
 
-def _lines(body: bytes) -> list[str]:
+def _as_array(values, what: str) -> np.ndarray:
+    """Parsed JSON records -> float64, refusing non-numbers by position and converting
+    a bounded number of records per numpy call."""
+    if isinstance(values, np.ndarray):
+        return values
+    if type(values) is list and not set(map(type, values)) <= {int, float}:
+        for index, record in enumerate(values, start=1):
+            records.check_numbers(record, f"record {index}" if what == "records" else f"{what}, record {index}")
+    else:
+        records.check_numbers(values, what)
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadRequest(f"body is not UTF-8 text (byte {e.start})") from None
-    lines = text.split("\n")
-    # One newline ends the last record; blank lines after it are not records.
-    while lines and not lines[-1].strip():
-        lines.pop()
-    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            raise BadRequest(f"line {number} is empty: each line must be one record")
-    if not lines:
-        raise BadRequest("request body holds no records")
-    return lines
-
-
-def _records_from_csv(body: bytes) -> np.ndarray:
-    lines = _lines(body)
-    columns = lines[0].count(",") + 1
-    for number, line in enumerate(lines, start=1):
-        if line.count(",") + 1 != columns:
-            raise BadRequest(
-                f"CSV line {number} has {line.count(',') + 1} columns, line 1 has {columns}: "
-                "every record needs the same number of columns"
-            )
-    try:
-        # numpy's C parser: no Python string per value (a 100 MB body stays ~100 MB);
-        # only on failure do we look for the culprit line.
-        values = np.loadtxt(io.StringIO("\n".join(lines)), delimiter=",", dtype=np.float64, ndmin=2,
-                            comments=None, quotechar=None)
-    except ValueError:
-        for number, line in enumerate(lines, start=1):
-            for column, cell in enumerate(line.split(","), start=1):
-                try:
-                    float(cell)
-                except ValueError:
-                    raise BadRequest(
-                        f"CSV line {number}, column {column}: {cell.strip()[:40]!r} is not a number"
-                    ) from None
-        raise BadRequest("CSV body does not parse as numbers") from None
-    return values.reshape(len(lines), columns)
-
-
-def _records_from_jsonlines(body: bytes) -> list:
-    records = []
-    for number, line in enumerate(_lines(body), start=1):
-        record = parse_json(line.encode("utf-8"), where=f"JSON Lines line {number}")
-        if isinstance(record, dict):
-            key = next((k for k in RECORD_KEYS if k in record), None)
-            if key is None:
-                raise BadRequest(
-                    f"JSON Lines line {number}: an object record must hold its values under "
-                    + " or ".join(f"'{k}'" for k in RECORD_KEYS)
-                )
-            record = record[key]
-        records.append(record)
-    try:
-        return _as_array(records, "JSON Lines records")
-    except BadRequest:
-        # Name the first record whose shape differs from the first one's.
-        first = np.shape(records[0]) if _rectangular(records[0]) else None
-        for number, record in enumerate(records, start=1):
-            if not _rectangular(record) or np.shape(record) != first:
-                raise BadRequest(f"JSON Lines line {number}: record shape differs from line 1's") from None
-        raise
-
-
-def _rectangular(value) -> bool:
-    try:
-        np.array(value, dtype=np.float64)
-        return True
-    except (ValueError, TypeError, OverflowError):
-        return False
-
-
-def _array_from_npy(body: bytes) -> np.ndarray:
-    """A view on the body. The header's shape is checked against the bytes that follow
-    it first: np.load would allocate whatever shape a 100-byte body claims."""
-    stream = io.BytesIO(body)
-    try:
-        version = np.lib.format.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
-        else:
-            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
-    except Exception as e:  # numpy parses the header dict with Python's tokenizer: any error
-        raise BadRequest(f"body is not a valid .npy array: {type(e).__name__}: {e}") from None
-    if not all(isinstance(d, int) and d >= 0 for d in shape) or len(shape) > 32:
-        raise BadRequest(f"the .npy header declares an invalid shape {shape!r}")
-    if dtype.hasobject:
-        raise BadRequest("the .npy body holds Python objects, which are never unpickled; send a numeric array")
-    if dtype.kind not in "biuf":
-        raise BadRequest(f"the .npy array has dtype {dtype}; send a numeric array")
-    count = 1
-    for dim in shape:
-        count *= dim
-    data = len(body) - stream.tell()
-    if count * dtype.itemsize != data:
-        raise BadRequest(
-            f"the .npy header declares shape {list(shape)} of {dtype} ({count * dtype.itemsize} bytes) "
-            f"but {data} bytes follow it"
-        )
-    try:
-        array = np.frombuffer(body, dtype=dtype, count=count, offset=stream.tell())
-        return array.reshape(shape, order="F" if fortran_order else "C")
-    except (ValueError, OverflowError) as e:  # e.g. a zero-size array with absurd dimensions
-        raise BadRequest(f"the .npy header declares an unusable shape {list(shape)}: {e}") from None
-
-
-def _as_array(records, what: str) -> np.ndarray:
-    try:
-        array = np.array(records, dtype=np.float64)
+        if type(values) is not list or len(values) < 2:
+            return np.array(values, dtype=np.float64)
+        per_record = max(1, np.size(values[0]))
+        step = max(1, slices.VALUES // per_record)
+        parts = [np.array(values[i : i + step], dtype=np.float64) for i in range(0, len(values), step)]
+        if any(p.shape[1:] != parts[0].shape[1:] for p in parts):
+            raise ValueError("inhomogeneous")
+        return slices.stack(parts)
     except ValueError as e:
         message = str(e)
         if "inhomogeneous" in message or "sequence" in message:
             raise BadRequest(f"{what} are ragged: every record must have the same shape") from None
         raise BadRequest(f"{what} must be numbers: {message}") from None
-    except (TypeError, OverflowError) as e:
-        raise BadRequest(f"{what} must be numbers: {e}") from None
-    return array
 
 
 def shape_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
@@ -263,9 +180,19 @@ def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.nda
             f"input '{spec.name}': expected shape {expected}, got {list(array.shape)}"
         )
     dtype = spec.dtype.dtype if spec.datatype not in ("BYTES",) else np.float32
-    if spec.dtype.dtype.kind in "iub" and array.dtype.kind == "f" and not np.all(np.isfinite(array) & (array == np.round(array))):
-        raise BadRequest(f"input '{spec.name}' takes {spec.datatype} values; got fractional numbers")
-    return np.ascontiguousarray(array, dtype=dtype)
+    dtype = np.dtype(dtype)
+    # Checked a bounded slice at a time, like the cast itself.
+    for s in slices.row_slices(array) if array.ndim else [()]:
+        part = array[s]
+        if dtype.kind in "iub" and part.dtype.kind == "f" and not np.all(np.isfinite(part) & (part == np.round(part))):
+            raise BadRequest(f"input '{spec.name}' takes {spec.datatype} values; got fractional numbers")
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        out = slices.cast(array, dtype)
+    if dtype.kind == "f" and array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:
+        for s in slices.row_slices(out) if out.ndim else [()]:
+            if not np.isfinite(out[s]).all() and (np.isfinite(array[s]) & ~np.isfinite(out[s])).any():
+                raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}")
+    return out
 
 
 def _matches(shape: tuple, expected: list[int]) -> bool:
@@ -280,74 +207,52 @@ def encode(outputs: dict[str, np.ndarray], accept: str, batched: bool = True) ->
     single = next(iter(outputs.values())) if len(outputs) == 1 else None
     if accept == JSON:
         if single is not None:
-            return b'{"predictions":' + _json_text(single).encode() + b"}", JSON
-        return _json_bytes({"predictions": _json_value(outputs, batched)}), JSON
+            return b'{"predictions":' + textout.array_json(single) + b"}", JSON
+        return b'{"predictions":' + _json_outputs(outputs, batched) + b"}", JSON
     if accept == NPY:
         if single is None:
             raise NotAcceptable(
                 f"application/x-npy holds one array and this model returns {len(outputs)}; "
                 "ask for application/json"
             )
-        buffer = io.BytesIO()
-        np.save(buffer, single, allow_pickle=False)
-        return buffer.getvalue(), NPY
-    if accept in (CSV, JSONLINES):
-        if single is not None and single.ndim >= 1 and _has_short_text(single):
-            # One record a row: the common case, formatted without a Python float per value.
-            tokens = single.reshape(len(single), -1).astype(str) if accept == CSV else single
-            if accept == CSV:
-                return "".join(",".join(row) + "\n" for row in tokens.tolist()).encode(), CSV
-            return "".join(_json_text(record) + "\n" for record in tokens).encode(), JSONLINES
-        if accept == CSV:
-            return "".join(",".join(map(_csv_cell, row)) + "\n" for row in _records(outputs)).encode(), CSV
-        return b"".join(_json_bytes(row) + b"\n" for row in _jsonlines_records(outputs)), JSONLINES
+        try:
+            return npy.write(np.asarray(single)), NPY
+        except ValueError as e:
+            raise NotAcceptable(f"{e}; ask for application/json") from None
+    if accept == CSV:
+        return _csv(outputs), CSV
+    if accept == JSONLINES:
+        if single is not None and single.ndim >= 1:
+            return textout.json_lines(single), JSONLINES
+        return b"".join(line + b"\n" for line in _json_records(outputs)), JSONLINES
     raise NotAcceptable(f"cannot produce {accept}; supported: {', '.join(MEDIA_TYPES)}")
 
 
-def _has_short_text(array: np.ndarray) -> bool:
-    """numpy writes these dtypes as valid JSON/CSV numbers, float32 with its shortest
-    round-trip digits (0.1, not 0.10000000149011612)."""
-    if array.dtype.kind in "iu":
-        return True
-    return array.dtype.kind == "f" and bool(np.isfinite(array).all())
-
-
-def _json_text(array: np.ndarray) -> str:
-    if not _has_short_text(array):
-        return json.dumps(_tolist(array), separators=(",", ":"), allow_nan=True)
-    return _nested(array.astype(str))
-
-
-def _nested(tokens: np.ndarray) -> str:
-    if tokens.ndim == 0:
-        return str(tokens)
-    if tokens.ndim == 1:
-        return "[" + ",".join(tokens.tolist()) + "]"
-    return "[" + ",".join(_nested(t) for t in tokens) + "]"
-
-
-def _json_bytes(value) -> bytes:
-    return json.dumps(value, separators=(",", ":"), allow_nan=True).encode()
-
-
-def _json_value(outputs: dict[str, np.ndarray], batched: bool):
-    lists = {name: _tolist(array) for name, array in outputs.items()}
-    if len(lists) == 1:
-        return next(iter(lists.values()))
+def _json_outputs(outputs: dict[str, np.ndarray], batched: bool) -> bytes:
     if batched and _same_rows(outputs):
-        names = list(lists)
-        return [dict(zip(names, values)) for values in zip(*lists.values())]
-    return lists
+        return b"[" + b",".join(_json_records(outputs)) + b"]"
+    return b"{" + b",".join(textout.dumps(name) + b":" + textout.array_json(a) for name, a in outputs.items()) + b"}"
 
 
-def _tolist(array: np.ndarray):
-    if array.dtype == object or array.dtype.kind in "SU":
-        return np.vectorize(_text, otypes=[object])(array).tolist() if array.size else array.tolist()
-    return array.tolist()
+def _json_records(outputs: dict[str, np.ndarray]) -> list[bytes]:
+    """One JSON object per record: each output's values for that record."""
+    if not _same_rows(outputs):
+        raise NotAcceptable("the model's outputs do not share a batch dimension; ask for application/json")
+    names = list(outputs)
+    arrays = list(outputs.values())
+    lines = []
+    for s in slices.row_slices(max(arrays, key=np.size)):
+        columns = [_per_record(a[s]) for a in arrays]
+        lines.extend(textout.dumps(dict(zip(names, values))) for values in zip(*columns))
+    return lines
 
 
-def _text(value) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+def _per_record(rows: np.ndarray):
+    """What orjson writes for each record of these rows, iterable by record."""
+    value = textout.jsonable(rows)
+    if isinstance(value, orjson.Fragment):  # float16 and other widths: one fragment a record
+        return [textout.jsonable(row) for row in rows]
+    return value
 
 
 def _same_rows(outputs: dict[str, np.ndarray]) -> bool:
@@ -355,27 +260,45 @@ def _same_rows(outputs: dict[str, np.ndarray]) -> bool:
     return len(rows) == 1 and None not in rows
 
 
-def _records(outputs: dict[str, np.ndarray]) -> list[list]:
-    """One flat row per record: each output's values for that record, side by side."""
+def _csv(outputs: dict[str, np.ndarray]) -> bytes:
+    """One line per record: each output's values for that record, side by side."""
     if not _same_rows(outputs):
         raise NotAcceptable("the model's outputs do not share a batch dimension; ask for application/json")
-    flat = [array.reshape(array.shape[0], -1) for array in outputs.values()]
-    joined = flat[0] if len(flat) == 1 else np.concatenate([f.astype(object) for f in flat], axis=1)
-    return _tolist(joined)
+    flat = [a.reshape(a.shape[0], math.prod(a.shape[1:])) for a in outputs.values()]  # (-1 fails when empty)
+    if all(textout.fast(f) and f.dtype.kind != "b" for f in flat):
+        columns = [textout.csv_rows(f) for f in flat]
+        rows = columns[0] if len(columns) == 1 else [b",".join(cells) for cells in zip(*columns)]
+        return b"".join(row + b"\n" for row in rows)
+    # Text, bool and float16 outputs: a Python value per cell (Python's spelling).
+    lines = []
+    for s in slices.row_slices(flat[0]):
+        cells = [_tolist(f[s]) for f in flat]
+        lines.extend(",".join(_csv_cell(v) for part in row for v in part) + "\n" for row in zip(*cells))
+    return "".join(lines).encode()
 
 
-def _jsonlines_records(outputs: dict[str, np.ndarray]) -> list:
-    if not _same_rows(outputs):
-        raise NotAcceptable("the model's outputs do not share a batch dimension; ask for application/json")
-    if len(outputs) == 1:
-        return _tolist(next(iter(outputs.values())))
-    names = list(outputs)
-    return [dict(zip(names, values)) for values in zip(*(_tolist(a) for a in outputs.values()))]
+def _tolist(array: np.ndarray):
+    if array.dtype == object or array.dtype.kind in "SU":
+        return np.vectorize(_text, otypes=[object])(array).tolist() if array.size else array.tolist()
+    if array.dtype.kind == "f":
+        return [[_Float(v) for v in row] for row in array.tolist()] if array.dtype.itemsize < 4 else array.tolist()
+    return array.tolist()
+
+
+class _Float(float):
+    """A float16 written with its own shortest digits."""
+
+    def __repr__(self) -> str:
+        return str(np.float16(self))
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _csv_cell(value) -> str:
     if isinstance(value, str):
         return '"' + value.replace('"', '""') + '"' if any(c in value for c in ',"\n') else value
     if isinstance(value, list):
-        return _csv_cell(json.dumps(value))
+        return _csv_cell(textout.dumps(value).decode())
     return repr(value) if isinstance(value, float) else str(value)

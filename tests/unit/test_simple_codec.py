@@ -2,6 +2,7 @@
 
 import io
 import json
+import math
 
 import numpy as np
 import pytest
@@ -125,3 +126,119 @@ def test_npy_fortran_order_and_big_endian_arrays():
         buffer = io.BytesIO()
         np.save(buffer, array)
         np.testing.assert_array_equal(decode(buffer.getvalue(), "application/x-npy")["pixels"], array)
+
+
+# --------------------------------------------------------------------------------------
+# Numbers: text carries finite numbers only; JSON outputs never hold NaN or Infinity
+
+
+@pytest.mark.parametrize("body, content_type, words", [
+    (b"[[1, 2, 3, null]]", "application/json", "record 1, position [3]: null is not a number"),
+    (b'{"instances": [[1, 2, 3, 4], [1, true, 3, 4]]}', "application/json", "record 2, position [1]: true is not a number"),
+    (b'[[1, 2, 3, "1"]]', "application/json", 'the string "1" is not a number'),
+    (b"[1, 2, false, 4]", "application/json", "record 3: false is not a number"),
+    (b"[[1, 2, 3, NaN]]", "application/json", "not valid JSON"),
+    (b"[[1, 2, 3, 1e999]]", "application/json", "not valid JSON: number is infinity"),
+    (b"[[1, 2, 3, " + b"1" * 5000 + b"]]", "application/json", "not valid JSON"),  # Python's 4,300-digit limit
+    (b"[1,2,3,4]\n[1,2,null,4]\n", "application/jsonlines", "JSON Lines line 2, position [2]: null is not a number"),
+    (b'{"features": [1, 2, 3, "4"]}\n', "application/jsonlines", "JSON Lines line 1, position [3]"),
+    (b"[1,2,3,4]\n[1,2," + b"9" * 5000 + b",4]\n", "application/jsonlines", "JSON Lines line 2 is not valid JSON"),
+    (b"[1,2,3,4]\n[1,2,NaN,4]\n", "application/jsonlines", "JSON Lines line 2 is not valid JSON"),
+    (b"1,2,3,4\n1,2,3,nan\n", "text/csv", "CSV line 2, column 4: 'nan' is not a finite number"),
+    (b"1,2,3,4\n-inf,2,3,4\n", "text/csv", "CSV line 2, column 1: '-inf' is not a finite number"),
+    (b"1,2,3,4\n1,2,3,1e999\n", "text/csv", "CSV line 2, column 4: '1e999' is out of range"),
+    (b"1,2,3," + b"9" * 5000 + b"\n", "text/csv", "CSV line 1, column 4"),
+    (b"1,2,3,1_0\n", "text/csv", "CSV line 1, column 4: '1_0' is not a number"),
+    (b"1,2,3,4\n1,2,3,1e39\n", "text/csv", "input 'pixels': a value is out of range for FP32"),
+    (b"[[1, 2, 3, 1e39]]", "application/json", "out of range for FP32"),
+])
+def test_non_numbers_and_non_finite_numbers_are_400(body, content_type, words):
+    with pytest.raises(BadRequest) as info:
+        decode(body, content_type)
+    assert info.value.status == 400 and words in info.value.message
+
+
+def test_several_inputs_name_the_input_and_record():
+    with pytest.raises(BadRequest, match=r"input 'b', record 2: null is not a number"):
+        simple.decode(b'{"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5], "b": null}]}', "application/json", TWO)
+
+
+NON_FINITE = {"p": np.array([[np.nan, np.inf], [-np.inf, 0.1]], dtype=np.float32)}
+
+
+def strict(body: bytes):
+    return json.loads(body, parse_constant=lambda name: pytest.fail(f"{name} in a JSON answer"))
+
+
+def test_json_outputs_write_non_finite_values_as_null():
+    body, _ = simple.encode(NON_FINITE, "application/json")
+    assert strict(body) == {"predictions": [[None, None], [None, 0.1]]}
+    body, _ = simple.encode({**NON_FINITE, "label": np.array([1, 0])}, "application/json")
+    assert strict(body)["predictions"][0] == {"p": [None, None], "label": 1}
+    body, _ = simple.encode(NON_FINITE, "application/jsonlines")
+    assert [strict(line) for line in body.splitlines()] == [[None, None], [None, 0.1]]
+    body, _ = simple.encode({"p": NON_FINITE["p"].astype(np.float16)}, "application/json")
+    assert strict(body) == {"predictions": [[None, None], [None, 0.1]]}
+
+
+def test_csv_and_npy_carry_non_finite_values():
+    assert simple.encode(NON_FINITE, "text/csv")[0] == b"nan,inf\n-inf,0.1\n"
+    body, _ = simple.encode(NON_FINITE, "application/x-npy")
+    np.testing.assert_array_equal(np.load(io.BytesIO(body)), NON_FINITE["p"])
+
+
+def test_float32_outputs_keep_their_shortest_digits():
+    values = np.array([[0.1, 1 / 3, 1e-8, 3.4028235e38, 16777216.0]], dtype=np.float32)
+    body, _ = simple.encode({"p": values}, "application/json")
+    assert body == b'{"predictions":[[0.1,0.33333334,1e-8,3.4028235e+38,16777216.0]]}'
+    assert simple.encode({"p": values}, "text/csv")[0] == b"0.1,0.33333334,1e-8,3.4028235e+38,16777216.0\n"
+    np.testing.assert_array_equal(np.array(strict(body)["predictions"], dtype=np.float32), values)
+
+
+def test_npy_answer_is_what_np_save_writes():
+    for array in (np.arange(12, dtype=np.float32).reshape(3, 4), np.zeros((), np.int64), np.arange(3) > 1):
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        assert simple.encode({"p": array}, "application/x-npy")[0] == buffer.getvalue()
+
+
+def test_npy_request_is_a_view_on_the_body():
+    buffer = io.BytesIO()
+    np.save(buffer, np.arange(8, dtype=np.float32).reshape(2, 4))
+    body = buffer.getvalue()
+    out = decode(body, "application/x-npy")["pixels"]
+    assert np.shares_memory(out, np.frombuffer(body, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("header", [
+    b"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }",  # structured
+    b"{'descr': '<U3', 'fortran_order': False, 'shape': (1,), }",
+    b"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': __import__('os')}",
+    b"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }",
+])
+def test_npy_headers_outside_the_strict_form_are_refused_safely(header):
+    header = header + b" " * (-(len(header) + 11) % 64) + b"\n"
+    body = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 12
+    with pytest.raises(BadRequest):
+        decode(body, "application/x-npy")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.bool_])
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (2, 0), (2, 3), (3, 0, 2)])
+def test_every_output_shape_and_dtype_encodes(shape, dtype):
+    """Empty outputs, float16 beside another output: every media type answers."""
+    array = np.arange(math.prod(shape)).reshape(shape).astype(dtype)
+    label = np.arange(shape[0])
+    for outputs in ({"p": array}, {"p": array, "label": label}):
+        body, _ = simple.encode(outputs, "application/json")
+        predictions = strict(body)["predictions"]
+        assert len(predictions) == shape[0]
+        if len(outputs) == 2 and shape[0]:
+            assert predictions[-1]["label"] == shape[0] - 1
+            np.testing.assert_array_equal(np.array(predictions[-1]["p"], dtype=dtype).reshape(shape[1:]), array[-1])
+        lines = simple.encode(outputs, "application/jsonlines")[0].splitlines()
+        assert [strict(line) for line in lines] == predictions
+        csv = simple.encode(outputs, "text/csv")[0]
+        assert csv.count(b"\n") == shape[0]
+    body, _ = simple.encode({"p": array}, "application/x-npy")
+    np.testing.assert_array_equal(np.load(io.BytesIO(body)), array)

@@ -1,0 +1,359 @@
+"""Numeric records from CSV, JSON Lines and JSON request text, parsed in bounded slices.
+
+Each parse works on about `slices.TEXT_BYTES` of text per C call (split at newlines, or
+at record boundaries of a JSON list) so the event loop's thread gets the GIL between
+slices; the result is the same array, and the same error, as one parse of the whole
+body. Text carries finite numbers only (see simple.py's header for the rules).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import orjson
+
+from . import slices
+from .errors import BadRequest
+
+RECORD_KEYS = ("instances", "inputs", "features", "data")
+MAX_JSON_DEPTH = 100
+# Bodies smaller than this are parsed in one call: slicing would only add overhead.
+SLICED_JSON_MIN_BYTES = 64 * 1024
+
+_WHITESPACE = b" \t\r\n\f\v"
+# What makes a line blank, and a line holding nothing else (in a slice that starts at a
+# line start).
+_BLANK = " \t\r\f\v"
+_BLANK_LINE = re.compile(rb"(?m)^[ \t\r\f\v]*$")
+# The plain spelling of a number, which np.loadtxt and float() read alike; any other
+# cell (other whitespace, nan, inf, junk) is judged by np.loadtxt itself.
+_FINITE = re.compile(r"[ \t]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*")
+_NON_FINITE = re.compile(r"\s*[+-]?(?:nan|inf|infinity)\s*", re.IGNORECASE)
+# Bytes of a JSON text that holds only numbers, commas, brackets and whitespace.
+_NUMERIC_JSON_BYTES = b"0123456789+-.eE,[]" + _WHITESPACE
+_RECORDS_START = re.compile(rb'\s*(?:\{\s*"(' + b"|".join(k.encode() for k in RECORD_KEYS) + rb')"\s*:\s*)?\[')
+
+
+# ---------------------------------------------------------------- lines
+
+
+def lines(body: bytes, size: int | None = None) -> Iterator[tuple[bytes, int]]:
+    """(slice, number of its first line): whole lines, about `size` bytes each, with
+    the newline between slices dropped and trailing blank lines ignored."""
+    end = len(body)
+    while end:  # trailing whitespace, a bounded piece at a time
+        chunk = body[max(0, end - 4096) : end]
+        kept = len(chunk.rstrip(_WHITESPACE))
+        end -= len(chunk) - kept
+        if kept:
+            break
+    if not end:
+        raise BadRequest("request body holds no records")
+    size = size or slices.TEXT_BYTES
+    pos, number = 0, 1
+    while pos < end:
+        cut = body.find(b"\n", pos + size, end) if pos + size < end else -1
+        stop = end if cut < 0 else cut
+        piece = body[pos:stop]
+        yield piece, number
+        number += piece.count(b"\n") + 1
+        pos = stop + 1
+
+
+# ---------------------------------------------------------------- CSV
+#
+# One rule for errors, whatever the slicing: a body's error is that of its first bad
+# line, and a line's is the first of: not UTF-8, blank, wrong column count, then its
+# first bad cell. A slice numpy reads cleanly holds no bad line; a slice it refuses is
+# walked line by line, and every line is judged alone by the same test, so a sliced
+# parse names the very line (and words) one parse of the whole body names.
+
+
+def csv(body: bytes, size: int | None = None) -> np.ndarray:
+    """CSV rows -> a 2-D float64 array, numpy's C reader one slice at a time."""
+    parts: list[np.ndarray] = []
+    columns = None
+    for piece, first in lines(body, size):
+        if columns is None:
+            columns = piece.split(b"\n", 1)[0].count(b",") + 1
+        values = _csv_piece(piece, columns)
+        if values is None:
+            _csv_culprit(piece, first, columns)
+        parts.append(values)
+    return slices.stack(parts)
+
+
+def _csv_piece(piece: bytes, columns: int) -> np.ndarray | None:
+    """The slice's rows, or None when any of its lines is bad."""
+    if _BLANK_LINE.search(piece):
+        return None  # (np.loadtxt would skip it)
+    if piece.count(b"\r") != piece.count(b"\r\n") + piece.endswith(b"\r"):
+        return None  # a lone CR: np.loadtxt would take it as a line end
+    try:
+        values = np.loadtxt(io.StringIO(piece.decode("utf-8")), delimiter=",", dtype=np.float64, ndmin=2,
+                            comments=None, quotechar=None)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if values.shape != (piece.count(b"\n") + 1, columns) or not np.isfinite(values).all():
+        return None
+    return values
+
+
+def _csv_culprit(piece: bytes, first: int, columns: int):
+    """Raise the error of the slice's first bad line."""
+    for number, raw in enumerate(piece.split(b"\n"), start=first):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRequest(f"body is not UTF-8 text (line {number})") from None
+        if line.endswith("\r"):
+            line = line[:-1]
+        if not line.strip(_BLANK):
+            raise BadRequest(f"line {number} is empty: each line must be one record")
+        cells = line.split(",")
+        if len(cells) != columns:
+            raise BadRequest(
+                f"CSV line {number} has {len(cells)} columns, line 1 has {columns}: "
+                "every record needs the same number of columns"
+            )
+        for column, cell in enumerate(cells, start=1):
+            problem = _cell_problem(cell)
+            if problem:
+                raise BadRequest(f"CSV line {number}, column {column}: {cell.strip()[:40]!r} {problem}")
+    raise BadRequest("CSV body does not parse as numbers")  # not reached: some line above is bad
+
+
+def _cell_problem(cell: str) -> str | None:
+    """What is wrong with one cell, as np.loadtxt judges it; None if it is a finite number."""
+    if _FINITE.fullmatch(cell):
+        value = float(cell)
+    else:  # another spelling numpy may take (other whitespace, nan, inf): ask numpy
+        try:
+            value = float(np.loadtxt(io.StringIO(cell + ",0"), delimiter=",", dtype=np.float64, ndmin=2,
+                                     comments=None, quotechar=None)[0, 0])
+        except ValueError:
+            return "is not a number"
+    if math.isfinite(value):
+        return None
+    if _NON_FINITE.fullmatch(cell):
+        return "is not a finite number (text carries finite numbers only; send NaN/inf in .npy or binary)"
+    return "is out of range for a 64-bit float"
+
+
+# ---------------------------------------------------------------- JSON Lines
+#
+# The same rule: the error of the first bad line, a line being bad when it is blank,
+# not JSON, not numbers, or a record whose shape differs from line 1's.
+
+
+def jsonlines(body: bytes, size: int | None = None) -> np.ndarray:
+    """One JSON record a line -> a float64 array, one record per line."""
+    parts: list[np.ndarray] = []
+    shape = None  # line 1's record shape
+    for piece, first in lines(body, size):
+        array = _numeric_lines(piece)
+        if array is None or (shape is not None and array.shape[1:] != shape):
+            array = _parsed_lines(piece, first, shape)
+        if shape is None:
+            shape = array.shape[1:]
+        parts.append(array)
+    return slices.stack(parts)
+
+
+def _numeric_lines(piece: bytes) -> np.ndarray | None:
+    """A slice of lines of numbers and lists in one orjson call; None when it holds
+    anything else (objects, strings, null, true/false, a blank line) or does not parse."""
+    if piece.translate(None, _NUMERIC_JSON_BYTES) or _BLANK_LINE.search(piece):
+        return None
+    try:
+        records = orjson.loads(b"[" + piece.replace(b"\n", b",") + b"]")
+        if len(records) != piece.count(b"\n") + 1:
+            return None  # a line held two values, "[1],[2]": the line-by-line parse says so
+        return np.array(records, dtype=np.float64)
+    except (orjson.JSONDecodeError, ValueError):
+        return None
+
+
+def _parsed_lines(piece: bytes, first: int, shape: tuple | None) -> np.ndarray:
+    """The slice's records, a line at a time; raises the error of its first bad line."""
+    records = []
+    for number, line in enumerate(piece.split(b"\n"), start=first):
+        where = f"JSON Lines line {number}"
+        try:
+            if not line.strip(_BLANK.encode()):
+                raise BadRequest(f"line {number} is empty: each line must be one record")
+            record = parse(line, where)
+            if isinstance(record, dict):
+                key = next((k for k in RECORD_KEYS if k in record), None)
+                if key is None:
+                    raise BadRequest(
+                        f"{where}: an object record must hold its values under "
+                        + " or ".join(f"'{k}'" for k in RECORD_KEYS)
+                    )
+                record = record[key]
+            check_numbers(record, where)
+        except BadRequest:
+            _shape_culprit(records, first, shape)  # an earlier line's shape comes first
+            raise
+        records.append(record)
+    try:
+        array = np.array(records, dtype=np.float64)
+    except ValueError:
+        array = None
+    if array is None or (shape is not None and array.shape[1:] != shape):
+        _shape_culprit(records, first, shape)
+        raise BadRequest(f"JSON Lines lines {first}-{first + len(records) - 1} are not numeric records")
+    return array
+
+
+def _shape_culprit(records: list, first: int, shape: tuple | None) -> None:
+    """Raise for the first record whose shape differs from line 1's (`shape`, or the
+    first record's when these are the body's first lines); None if none does."""
+    if not records:
+        return
+    if shape is None:
+        shape = np.shape(records[0]) if _rectangular(records[0]) else None
+    for number, record in enumerate(records, start=first):
+        if not _rectangular(record) or np.shape(record) != shape:
+            raise BadRequest(f"JSON Lines line {number}: record shape differs from line 1's")
+
+
+def _rectangular(value) -> bool:
+    try:
+        np.array(value, dtype=np.float64)
+        return True
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def parse(body: bytes, where: str = "request body"):
+    """Strict JSON (RFC 8259: no NaN/Infinity, no number beyond float64) -> Python."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        if e.msg.startswith("str is not valid UTF-8"):
+            raise BadRequest(f"{where} is not UTF-8 text") from None
+        if "depth" in e.msg or "recursion" in e.msg:
+            raise BadRequest(f"{where}: JSON nesting is too deep") from None
+        raise BadRequest(f"{where} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+
+
+def parse_document(body: bytes, where: str = "request body", size: int | None = None):
+    """Like parse(), but a big document that is only a list of numeric records (bare,
+    or the one member of {"instances"|"inputs"|"features"|"data": [...]}) is parsed
+    slice by slice and its records come back as one float64 array.
+
+    Limit: records holding any string, object, null or true/false (one `"` or letter
+    is enough) are parsed in one call, as is a malformed or ragged body (to report its
+    exact error); the payload limit bounds that call.
+    """
+    if len(body) >= SLICED_JSON_MIN_BYTES:
+        found = _numeric_records(body, size or slices.TEXT_BYTES)
+        if found is not None:
+            key, array = found
+            return array if key is None else {key: array}
+    return parse(body, where)
+
+
+def _numeric_records(body: bytes, size: int):
+    start = _RECORDS_START.match(body)
+    if start is None or body.find(b'"', start.end()) >= 0:
+        return None
+    key = start.group(1).decode() if start.group(1) else None
+    bounds = _record_cuts(body, start.end() - 1, size)
+    if bounds is None:
+        return None
+    cuts, stop = bounds
+    rest = body[stop + 1 :].strip(_WHITESPACE)
+    if rest != (b"}" if key else b""):
+        return None
+    parts = []
+    for a, b in zip(cuts, cuts[1:]):
+        try:
+            parts.append(np.array(orjson.loads(b"[" + body[a + 1 : b] + b"]"), dtype=np.float64))
+        except (orjson.JSONDecodeError, ValueError):
+            return None  # the one-shot parse names the error
+        if parts[-1].shape[1:] != parts[0].shape[1:]:
+            return None
+    return key, slices.stack(parts)
+
+
+def _record_cuts(body: bytes, opening: int, size: int) -> tuple[list[int], int] | None:
+    """Commas between records of the list opening at `opening`, about `size` bytes apart,
+    and the position of its closing bracket; None if the list holds a byte no numeric
+    record has. A vectorised bracket-depth scan, one bounded chunk at a time."""
+    cuts = [opening]
+    depth = 0
+    pos = opening
+    while pos < len(body):
+        chunk = body[pos : pos + slices.SCAN_BYTES]
+        if chunk.translate(None, _NUMERIC_JSON_BYTES):
+            # Letters or quotes: not (only) numbers. After the list's end only the
+            # closing brace may follow, which the caller checks.
+            bad = len(chunk) - len(chunk.lstrip(_NUMERIC_JSON_BYTES))
+        else:
+            bad = len(chunk)
+        raw = np.frombuffer(chunk, dtype=np.uint8)
+        step = (raw == ord("[")).astype(np.int32)
+        step -= raw == ord("]")
+        levels = np.cumsum(step, dtype=np.int32)
+        levels += depth
+        closed = np.flatnonzero(levels == 0)
+        end = int(closed[0]) if len(closed) else len(chunk)
+        if bad < end:
+            return None
+        if len(levels) and int(levels[: end].max(initial=0)) > MAX_JSON_DEPTH:
+            return None
+        commas = np.flatnonzero((raw[:end] == ord(",")) & (levels[:end] == 1)) + pos
+        i = int(np.searchsorted(commas, cuts[-1] + size))
+        while i < len(commas):
+            cuts.append(int(commas[i]))
+            i = int(np.searchsorted(commas, cuts[-1] + size))
+        if len(closed):
+            stop = pos + end
+            cuts.append(stop)
+            return cuts, stop
+        depth = int(levels[-1])
+        pos += len(chunk)
+    return None
+
+
+# ---------------------------------------------------------------- types
+
+
+def check_numbers(value, where: str) -> None:
+    """Every leaf is a JSON number: null, true/false and "1" are refused, naming where."""
+    if type(value) is list:
+        if set(map(type, value)) <= {int, float}:
+            return  # the common case, a row of numbers: no Python step per value
+    elif type(value) in (int, float):
+        return
+    stack = [(value, [])]
+    while stack:
+        item, path = stack.pop()
+        if type(item) is list:
+            if len(path) >= MAX_JSON_DEPTH:
+                raise BadRequest(f"{where}: JSON nesting is too deep")
+            if set(map(type, item)) <= {int, float}:
+                continue
+            stack.extend((v, path + [i]) for i, v in reversed(list(enumerate(item))))
+        elif type(item) not in (int, float):
+            at = f", position {path}" if path else ""
+            raise BadRequest(f"{where}{at}: {_describe(item)} is not a number")
+
+
+def _describe(value) -> str:
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "the string " + orjson.dumps(value[:40]).decode()
+    return "an object"
