@@ -56,6 +56,8 @@ EXPOSE 8080
 # The server honours SAGEMAKER_BIND_TO_PORT, so SageMaker may run it beside other
 # containers (inference pipelines, multi-container endpoints) on another port.
 LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
+# SageMaker's bidirectional streaming API routes WebSocket sessions to /invocations-bidirectional-stream (8080) only with this label.
+LABEL com.amazonaws.sagemaker.capabilities.bidirectional-streaming=true
 
 # Exec form without a shell or an init: `serve` execs gunicorn, which becomes PID 1
 # and so receives SageMaker's SIGTERM itself. SageMaker passes `serve` as the argument.

@@ -53,6 +53,9 @@ def test_image_is_configured_as_sagemaker_expects(podman, image):
     assert config["Entrypoint"] == ["/opt/program/serve"]
     assert "8080/tcp" in config["ExposedPorts"]
     assert config["Labels"]["com.amazonaws.sagemaker.capabilities.accept-bind-to-port"] == "true"
+    # Without it SageMaker's bidirectional streaming API sends no WebSocket sessions to
+    # /invocations-bidirectional-stream.
+    assert config["Labels"]["com.amazonaws.sagemaker.capabilities.bidirectional-streaming"] == "true"
     # SageMaker runs containers as root; a USER switch would break its mounts.
     assert config.get("User", "") in ("", "root", "0")
     env = dict(item.split("=", 1) for item in config["Env"])
