@@ -12,23 +12,48 @@ log() { echo "setup_podman: $*" >&2; }
 # runc: crun fails here. debootstrap: the test base image is made locally because no
 # registry may be reachable. iptables and the CNI plugins: publishing ports (-p).
 packages=(podman runc debootstrap iptables containernetworking-plugins)
-missing=()
-for pkg in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
-        || missing+=("$pkg")
-done
+# Only for tests/deploy/test_registry_push.py (a local registry with htpasswd logins),
+# which skips without them: a failure to install these must not cost the image tests.
+registry_packages=(docker-registry apache2-utils)
 
-if ((${#missing[@]})); then
+missing_from() {
+    local pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
+            || echo "$pkg"
+    done
+}
+mapfile -t missing < <(missing_from "${packages[@]}")
+mapfile -t missing_registry < <(missing_from "${registry_packages[@]}")
+
+if ((${#missing[@]} + ${#missing_registry[@]})); then
     if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-        log "cannot install ${missing[*]} (needs root and apt-get); container tests will skip"
-        exit 0
-    fi
-    log "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends \
-        "${packages[@]}" >/dev/null; }; then
-        log "apt-get failed; container tests will skip"
-        exit 0
+        log "cannot install ${missing[*]} ${missing_registry[*]} (needs root and apt-get); tests that need them will skip"
+        ((${#missing[@]})) && exit 0
+    else
+        export DEBIAN_FRONTEND=noninteractive
+        apt_updated=false
+        if ((${#missing[@]})); then
+            log "installing ${missing[*]}"
+            if ! { apt-get update -qq && apt_updated=true && apt-get install -y -qq --no-install-recommends \
+                "${packages[@]}" >/dev/null; }; then
+                log "apt-get failed; container tests will skip"
+                exit 0
+            fi
+        fi
+        if ((${#missing_registry[@]})); then
+            log "installing ${missing_registry[*]}"
+            # policy-rc.d 101: the package's own registry service must not start (port 5000);
+            # the test starts one of its own on a free port.
+            had_policy=false
+            [[ -e /usr/sbin/policy-rc.d ]] && had_policy=true
+            $had_policy || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d; }
+            if ! { { $apt_updated || apt-get update -qq; } && apt-get install -y -qq --no-install-recommends \
+                "${registry_packages[@]}" >/dev/null; }; then
+                log "apt-get failed for ${missing_registry[*]}; the registry push test will skip"
+            fi
+            $had_policy || rm -f /usr/sbin/policy-rc.d
+        fi
     fi
 fi
 
