@@ -23,6 +23,8 @@ MAGIC = b"\x93NUMPY"
 # numpy >= 1.14 pads the header so the data starts on a 64-byte boundary.
 _ALIGN = 64
 _MAX_DIMS = 32
+# No real dimension has more digits than this (2**64 has 20).
+_MAX_DIM_DIGITS = 20
 _DESCR = r"""(?P<q>['"])(?P<descr>[<>|=]?[biuf][1-8])(?P=q)"""
 _ORDER = r"(?P<order>True|False)"
 _SHAPE = r"\((?P<shape>\s*(?:\d+\s*,\s*)*(?:\d+\s*)?)\)"
@@ -86,7 +88,10 @@ def _header(body: bytes) -> tuple[tuple, bool, np.dtype, int]:
     match = _HEADER.fullmatch(text)
     if match is None:
         return (*_numpy_header(body), end)
-    shape = tuple(int(d) for d in match["shape"].replace(",", " ").split())
+    dims = match["shape"].replace(",", " ").split()
+    if any(len(d) > _MAX_DIM_DIGITS for d in dims):  # (int() refuses 4,300+ digits: ValueError)
+        raise BadRequest(f"the .npy header declares an invalid shape ({match['shape'][:40]}...)")
+    shape = tuple(int(d) for d in dims)
     return shape, match["order"] == "True", np.dtype(match["descr"]), end
 
 

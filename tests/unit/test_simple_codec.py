@@ -215,6 +215,8 @@ def test_npy_request_is_a_view_on_the_body():
     b"{'descr': '<U3', 'fortran_order': False, 'shape': (1,), }",
     b"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': __import__('os')}",
     b"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }",
+    b"{'descr': '<f4', 'fortran_order': False, 'shape': (" + b"9" * 5000 + b", 1), }",  # int()'s digit limit
+    b"{'descr': '<f4', 'shape': (" + b"9" * 5000 + b", 1), 'fortran_order': False, }",  # numpy's own reader
 ])
 def test_npy_headers_outside_the_strict_form_are_refused_safely(header):
     header = header + b" " * (-(len(header) + 11) % 64) + b"\n"
