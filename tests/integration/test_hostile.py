@@ -8,10 +8,6 @@ server must still answer a valid request, with the same worker processes (the se
 the gunicorn master's children is unchanged: no case may kill or restart a worker),
 and the case must not have logged a traceback.
 
-Cases whose fix belongs to the codecs (simple.py, v2.py: ints past Python's 4,300-digit
-limit, ambiguous header lengths, non-finite and non-numeric JSON values) are marked
-xfail(strict=True) until that fix lands: the marker then fails loudly and must go.
-
 Servers, one per module: the example model untouched; a copy whose predict_fn answers
 NaN/inf (non-finite outputs) with short read deadlines; a weightless model with a BYTES
 input (the BYTES parser's bombs).
@@ -39,7 +35,6 @@ SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 IHCL = "Inference-Header-Content-Length"
 PIXELS = [float(i % 17) for i in range(64)]
 BIG_INT = "9" * 5000  # past Python's 4,300-digit int limit
-CODEC_FIX = "codec fix in progress (simple.py/v2.py, issue #10 section 5)"
 
 NAN_PREDICT = '''
 import numpy as np
@@ -305,17 +300,14 @@ def _cases() -> list[Case]:
     short = json.dumps({"instances": [PIXELS, PIXELS, PIXELS]}).encode()
     return [
         # ---- issue #10 section 5: 500s that must be 4xx
-        Case("json-int-5000-digits", json_body('{"instances": [[%s]]}' % record(BIG_INT)), xfail=CODEC_FIX),
+        Case("json-int-5000-digits", json_body('{"instances": [[%s]]}' % record(BIG_INT))),
         Case("jsonlines-int-5000-digits",
-             post("/invocations", f"[{record(BIG_INT)}]\n".encode(), "application/jsonlines"), xfail=CODEC_FIX),
+             post("/invocations", f"[{record(BIG_INT)}]\n".encode(), "application/jsonlines")),
         Case("v2-json-shape-5000-digits",
-             json_body('{"inputs": [{"name": "pixels", "shape": [%s, 64], "datatype": "FP32", "data": [1.0]}]}' % BIG_INT),
-             xfail=CODEC_FIX),
-        Case("json-header-size-5000-digits", sagemaker_binary(GOOD_HEADER, DIGIT_BLOB, BIG_INT), xfail=CODEC_FIX),
-        Case("ihcl-5000-digits-invocations", v2_binary("/invocations", GOOD_HEADER, DIGIT_BLOB, [BIG_INT]),
-             xfail=CODEC_FIX),
-        Case("ihcl-5000-digits-v2", v2_binary("/v2/models/digits/infer", GOOD_HEADER, DIGIT_BLOB, [BIG_INT]),
-             xfail=CODEC_FIX),
+             json_body('{"inputs": [{"name": "pixels", "shape": [%s, 64], "datatype": "FP32", "data": [1.0]}]}' % BIG_INT)),
+        Case("json-header-size-5000-digits", sagemaker_binary(GOOD_HEADER, DIGIT_BLOB, BIG_INT)),
+        Case("ihcl-5000-digits-invocations", v2_binary("/invocations", GOOD_HEADER, DIGIT_BLOB, [BIG_INT])),
+        Case("ihcl-5000-digits-v2", v2_binary("/v2/models/digits/infer", GOOD_HEADER, DIGIT_BLOB, [BIG_INT])),
         Case("chunk-size-zz", CHUNKED_HEAD + b"zz\r\nabc\r\n0\r\n\r\n", statuses=(400,)),
         Case("chunk-size-negative", CHUNKED_HEAD + b"-3\r\nabc\r\n0\r\n\r\n", statuses=(400,)),
         # ---- a body shorter than it says: never a partial inference
@@ -327,15 +319,12 @@ def _cases() -> list[Case]:
              statuses=(400, 413), half_close=True, closed_ok=True),
         # ---- ambiguous requests
         Case("ihcl-twice-different-invocations",
-             v2_binary("/invocations", GOOD_HEADER, DIGIT_BLOB, [str(len(GOOD_HEADER)), str(len(GOOD_HEADER) + 4)]),
-             xfail=CODEC_FIX),
+             v2_binary("/invocations", GOOD_HEADER, DIGIT_BLOB, [str(len(GOOD_HEADER)), str(len(GOOD_HEADER) + 4)])),
         Case("ihcl-twice-different-v2",
              v2_binary("/v2/models/digits/infer", GOOD_HEADER, DIGIT_BLOB,
-                       [str(len(GOOD_HEADER)), str(len(GOOD_HEADER) + 4)]),
-             xfail=CODEC_FIX),
+                       [str(len(GOOD_HEADER)), str(len(GOOD_HEADER) + 4)])),
         Case("json-header-size-twice",
-             sagemaker_binary(GOOD_HEADER, DIGIT_BLOB, f"{len(GOOD_HEADER)};json-header-size={len(GOOD_HEADER) + 4}"),
-             xfail=CODEC_FIX),
+             sagemaker_binary(GOOD_HEADER, DIGIT_BLOB, f"{len(GOOD_HEADER)};json-header-size={len(GOOD_HEADER) + 4}")),
         Case("content-length-twice-different",
              request("POST", "/invocations", b"[1] ", [("Content-Type", "application/json"),
                                                        ("Content-Length", "3"), ("Content-Length", "4")])),
@@ -350,7 +339,7 @@ def _cases() -> list[Case]:
              request("POST", "/invocations", b"[1]", [("Content-Type", "application/json"),
                                                       ("Content-Length", "-3")])),
         # ---- non-numeric and non-finite JSON values
-        *[Case(f"json-value-{name}", json_body('{"instances": [[%s]]}' % record(token)), xfail=CODEC_FIX)
+        *[Case(f"json-value-{name}", json_body('{"instances": [[%s]]}' % record(token)))
           for name, token in [("NaN", "NaN"), ("Infinity", "Infinity"), ("minus-Infinity", "-Infinity"),
                               ("null", "null"), ("true", "true"), ("string-1", '"1"')]],
         # ---- header-size edge cases (SageMaker binary)
@@ -443,7 +432,6 @@ def test_a_client_error_in_a_big_body_logs_no_traceback(example_server):
     guard.still_serving()
 
 
-@pytest.mark.xfail(strict=True, reason=CODEC_FIX + ": non-finite outputs as null in JSON")
 def test_csv_int_of_5000_digits_is_refused_or_answered_as_strict_json(example_server):
     """The CSV parser takes a 5000-digit integer as a float (inf): a 4xx, or a 200 whose
     answer is still JSON (non-finite outputs as null), never NaN in a JSON body."""
@@ -523,7 +511,6 @@ def _nan_ok(answer: Answer) -> None:
     assert answer.status == 200  # the NaN model's valid request: any 200 shows it serves
 
 
-@pytest.mark.xfail(strict=True, reason=CODEC_FIX + ": non-finite outputs as null in JSON")
 @pytest.mark.parametrize("accept", ["application/json", "application/jsonlines"])
 @pytest.mark.parametrize("form", ["json", "jsonlines", "csv", "v2-json"])
 def test_nan_outputs_come_back_as_strict_json(side_servers, form, accept):
