@@ -163,16 +163,27 @@ class Hooks(Protocol):
             # The user's output_fn may speak types we do not: it gets the client's first choice.
             accept, encode = preferred(message.accept, default), None
         else:
-            accept = negotiate(message.accept, default)
+            # A predict_fn may return an iterator without being a generator function:
+            # then the stream types are acceptable too, so a refusal waits for the result.
+            try:
+                accept, refusal = negotiate(message.accept, default), None
+            except NotAcceptable as e:
+                accept, refusal = default, e
             batched = server.metadata.max_batch_size > 0
 
             def encode(outputs):
+                if refusal is not None:
+                    raise refusal
                 return simple.encode(outputs, accept, batched)
 
         result = server.infer_with_hooks(message, accept, encode)
         if not isinstance(result, tuple):  # predict_fn returned an iterator: stream it
-            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn)
-            return streams.reply(server, server.stream_items(result, stream_format, accept), stream_format)
+            try:
+                stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn)
+            except NotAcceptable:
+                server.close_stream(result)
+                raise
+            return streams.reply(server, server.stream_items(result, stream_format), stream_format)
         payload, media = result
         return Reply(payload, {"Content-Type": media})
 

@@ -18,12 +18,15 @@ import numpy as np
 from gevent.event import AsyncResult
 from gevent.queue import Queue
 from gevent.threadpool import ThreadPool
+from gevent import monkey
 
 from .errors import BadRequest, HTTPError, ServerError
 
 log = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray]
+# A real lock: model code runs on real threads, which must block on it without the hub.
+_RealLock = monkey.get_original("threading", "Lock")
 
 
 @dataclass
@@ -40,6 +43,12 @@ class _Pending:
 class Runner:
     def __init__(self, max_batch_size: int = 0, max_delay_s: float = 0.0):
         self.pool = ThreadPool(1)
+        # Held by whatever thread runs model code: the inference thread here, and the
+        # session threads of stream_fn sessions (websocket.py) while their code runs.
+        self.model_lock = _RealLock()
+        # Forward passes run, and how many of them served more than one request.
+        self.passes_run = 0
+        self.batched_passes = 0
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
         self._predict: Callable[[Arrays], Arrays] | None = None
@@ -49,7 +58,7 @@ class Runner:
 
     def call(self, fn: Callable, *args):
         """Run fn on the inference thread; the calling greenlet waits, the loop does not."""
-        return self.pool.apply(fn, args)
+        return self.pool.apply(_holding, (self.model_lock, fn, args))
 
     def start(self, predict: Callable[[Arrays], Arrays], max_batch_size: int | None = None) -> None:
         self._predict = _guarded(predict)
@@ -120,6 +129,11 @@ class Runner:
         return batch
 
     def _run(self, batch: list[_Pending]) -> None:
+        self.passes_run += 1
+        if len(batch) > 1:
+            self.batched_passes += 1
+            log.debug("pass of %d requests (%d rows); %d of %d passes batched so far",
+                      len(batch), sum(item.rows for item in batch), self.batched_passes, self.passes_run)
         if len(batch) == 1:
             self._run_alone(batch[0])
             return
@@ -140,6 +154,11 @@ class Runner:
             item.result.set(self.call(self._predict, item.inputs))
         except HTTPError as e:
             item.result.set_exception(e)
+
+
+def _holding(lock, fn, args):
+    with lock:
+        return fn(*args)
 
 
 def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:

@@ -41,6 +41,9 @@ class ModelServer:
         self.state_dir = state_dir
         self.runner = Runner(max_delay_s=settings.max_batch_delay_ms / 1000.0)
         self.codec_pool = ThreadPool(settings.codec_threads)
+        # stream_fn sessions: one thread each while their code runs (websocket.py).
+        self.session_pool = ThreadPool(settings.max_sessions + 4)
+        self.stream_sessions = 0
         self.status = LOADING
         self.error: str | None = None
         self.model = None  # LoadedModel once ready
@@ -135,6 +138,20 @@ class ModelServer:
     @property
     def streams(self) -> bool:
         return self.status == READY and self.model.hooks.streams
+
+    @property
+    def model_lock(self):
+        return self.runner.model_lock
+
+    def open_stream_session(self) -> bool:
+        """Count a new stream_fn session in, unless the worker holds its most."""
+        if self.stream_sessions >= self.settings.max_sessions:
+            return False
+        self.stream_sessions += 1
+        return True
+
+    def close_stream_session(self) -> None:
+        self.stream_sessions -= 1
 
     def codec(self, size: int, fn, *args):
         """Run a decode or encode: inline when it is small (a thread hop costs more than
@@ -240,6 +257,11 @@ class ModelServer:
             if not finished and hasattr(iterator, "close"):
                 log.info("stream closed before its end: closing the model's generator")
                 self.runner.call(iterator.close)
+
+    def close_stream(self, iterator) -> None:
+        """Close a model's iterator that will not be read, on the inference thread."""
+        if hasattr(iterator, "close"):
+            self.runner.call(iterator.close)
 
     # ------------------------------------------------------------ batch transform
 

@@ -60,6 +60,8 @@ class Settings:
     # (None: body_timeout) is cut off, so it cannot pin the answer's memory.
     send_timeout: float | None = None
     max_connections: int = 4096
+    # WebSocket sessions served by the model's stream_fn, per worker (each holds a thread).
+    max_sessions: int = 64
     # Requests whose decode or encode cost grows with the body run on this many
     # codec threads, off the event loop.
     codec_threads: int = 2
@@ -207,6 +209,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "body_timeout": (PREFIX + "BODY_TIMEOUT", _seconds),
     "send_timeout": (PREFIX + "SEND_TIMEOUT", _seconds),
     "max_connections": (PREFIX + "MAX_CONNECTIONS", _positive_int),
+    "max_sessions": (PREFIX + "MAX_SESSIONS", _positive_int),
     "codec_threads": (PREFIX + "CODEC_THREADS", _positive_int),
     "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),
     "device": (PREFIX + "DEVICE", _device),

@@ -21,6 +21,10 @@ gunicorn's parser, WSGI environ and response writer and owns the connection loop
   connections with no request byte waiting at once, exit when the last answer is out.
 - After the first full start, a (re)started worker accepts connections only once its
   model is loaded, so it never answers 503 while the other workers serve.
+- A request for /invocations-bidirectional-stream hands its connection to a WebSocket
+  session (websocket.py); at SIGTERM sessions answer what they hold, then close 1001.
+- An answer's bytes must keep leaving within SMSERVE_SEND_TIMEOUT: a client that stops
+  reading is cut off rather than pinning the answer's memory.
 """
 
 from __future__ import annotations
@@ -42,13 +46,13 @@ from gunicorn.http import wsgi
 from gunicorn.http.parser import RequestParser
 from gunicorn.workers import base
 
-from . import access
+from . import access, websocket
 from .errors import json_error_body
 
 log = logging.getLogger(__name__)
 
-REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+REASONS = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long",
+           426: "Upgrade Required", 431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
            503: "Service Unavailable"}
 READ_SIZE = 1024 * 1024
 
@@ -92,6 +96,7 @@ class GeventModelWorker(base.Worker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.connections: dict[object, _Connection] = {}
+        self.sessions: set = set()  # open WebSocket sessions (websocket.Session)
         self.servers: list[StreamServer] = []
 
     # ------------------------------------------------------------ process set-up
@@ -173,6 +178,8 @@ class GeventModelWorker(base.Worker):
             self._accept_backlog(listener)
         for conn in list(self.connections.values()):
             self._close_if_idle(conn)
+        for session in list(self.sessions):
+            session.shutdown()
 
     def _accept_backlog(self, listener):
         while True:
@@ -263,11 +270,11 @@ class GeventModelWorker(base.Worker):
             except http_errors.NoMoreData:
                 return  # the client closed between requests
             except _ClientError as e:
-                self._send_error(sock, e.status, e.message)
+                self.send_error(sock, e.status, e.message)
                 return
             except http_errors.ParseException as e:
                 status, message = _parse_error(e)
-                self._send_error(sock, status, message)
+                self.send_error(sock, status, message)
                 return
             if not self.handle_request(listener_name, req, sock, addr, parser):
                 return
@@ -275,12 +282,17 @@ class GeventModelWorker(base.Worker):
     def handle_request(self, listener_name, req, sock, addr, parser) -> bool:
         """Serve one request; True when the connection may carry another."""
         started = time.monotonic()
-        resp, environ = wsgi.create(req, _Sender(sock, self.settings.send_deadline), addr, listener_name, self.cfg)
+        sender = _Sender(sock, self.settings.send_deadline)
+        if req.path == websocket.PATH:
+            # A WebSocket session takes the connection over until it closes.
+            websocket.serve(self, sock, sender, req, parser.unreader.take_buffered(), addr)
+            return False
+        resp, environ = wsgi.create(req, sender, addr, listener_name, self.cfg)
         environ["wsgi.multithread"] = True
         try:
             body = self._read_body(req)
         except _ClientError as e:
-            self._send_error(sock, e.status, e.message)
+            self.send_error(sock, e.status, e.message)
             access.log_request(environ, e.status, 0, started)
             return False
         environ["smserve.body"] = body  # the app takes it as it is, without a copy
@@ -352,10 +364,12 @@ class GeventModelWorker(base.Worker):
             raise _ClientError(400, f"request body ended after {total} of its {declared} bytes (Content-Length)")
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def _send_error(self, sock, status: int, message: str) -> None:
+    def send_error(self, sock, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        """A JSON error answer, then the connection closes."""
         body = json_error_body(message)
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
         try:
             with gevent.Timeout(5, False):
                 sock.sendall(head.encode("latin-1") + body)
