@@ -72,7 +72,7 @@ new-model: install ## metadata.json + code/inference.py for the model.pt2/model.
 serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8080) with the image's entrypoint
 	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) $(PY) container/serve serve
 
-test: install model ## Unit, integration, deploy (moto) and container tests
+test: install model model-textgen ## Unit, integration, deploy (moto) and container tests
 	$(PY) -m pytest
 
 batch-example: install model ## The README's local batch transform: build/batch-example/in -> out

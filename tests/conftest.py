@@ -19,6 +19,23 @@ def example_model_dir() -> Path:
     return EXAMPLE_MODEL
 
 
+TEXTGEN_BUILT = ROOT / "build" / "textgen"
+TEXTGEN_SOURCE = ROOT / "model" / "textgen" / "inference.py"
+TEXTGEN_FILES = ["code/inference.py", "config.json", "metrics.json", "vocab.json", "weights.pt"]
+
+
+@pytest.fixture(scope="session")
+def textgen_dir(tmp_path_factory) -> Path:
+    """build/textgen when `make model-textgen` made it from today's hooks; else trained here."""
+    if all((TEXTGEN_BUILT / f).exists() for f in TEXTGEN_FILES) and (TEXTGEN_BUILT / "code/inference.py").read_bytes() == TEXTGEN_SOURCE.read_bytes():
+        return TEXTGEN_BUILT
+    out = tmp_path_factory.mktemp("textgen-build")
+    result = subprocess.run([sys.executable, "-m", "model.textgen.train", "--out", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, check=True, timeout=300)
+    assert "held-out perplexity" in result.stdout and "train loss" in result.stdout
+    return out / "textgen"
+
+
 @pytest.fixture(scope="session")
 def digits():
     """The held-out split the example model was scored on: (x_test, y_test)."""

@@ -14,7 +14,7 @@ answer one character at a time; the server sends each as its own chunk.
 
 WebSocket sessions (`stream_fn`): each message is a prompt, plain text or a JSON object
 as above; the answer to each is one generator of characters (one fragmented message).
-The session is stateful: the GRU's hidden state carries over from one message to the
+A bad query option ends the session (close code 1008). The session is stateful: the GRU's hidden state carries over from one message to the
 next, so each prompt continues the text of the whole conversation so far (the earlier
 prompts and answers), and an empty message continues the last answer. Query options
 `max_tokens`, `temperature` and `seed` set the session's defaults; a message's own
@@ -280,9 +280,9 @@ def stream_fn(messages: Iterable[str | bytes], model: TextGenerator, context) ->
     try:
         defaults = session_defaults(dict(getattr(context, "query", None) or {}))
     except ValueError as e:
-        # Options are the session's own: with a bad one, no message could be answered as asked.
-        yield {"error": f"bad query option: {e}"}
-        return
+        # Options are the session's own: with a bad one, no message could be answered as
+        # asked. A ValueError ends the session with close code 1008 and this reason.
+        raise ValueError(f"bad query option: {e}") from None
     state = SessionState()
     # A query seed seeds the session once, so the whole session replays; a message's own
     # seed replaces it for that message only.

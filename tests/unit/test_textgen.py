@@ -3,32 +3,13 @@ hooks exercised as the server calls them, from the packaged code/inference.py.""
 
 import importlib.util
 import json
-import subprocess
-import sys
 import tarfile
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
-from local_test.server_process import ROOT
-
-BUILT = ROOT / "build" / "textgen"
-SOURCE = ROOT / "model" / "textgen" / "inference.py"
-ARTIFACT_FILES = ["code/inference.py", "config.json", "metrics.json", "vocab.json", "weights.pt"]
-
-
-@pytest.fixture(scope="session")
-def textgen_dir(tmp_path_factory) -> Path:
-    """build/textgen when `make model-textgen` made it from today's hooks; else trained here."""
-    if all((BUILT / f).exists() for f in ARTIFACT_FILES) and (BUILT / "code/inference.py").read_bytes() == SOURCE.read_bytes():
-        return BUILT
-    out = tmp_path_factory.mktemp("textgen-build")
-    result = subprocess.run([sys.executable, "-m", "model.textgen.train", "--out", str(out)], cwd=ROOT,
-                            capture_output=True, text=True, check=True, timeout=300)
-    assert "held-out perplexity" in result.stdout and "train loss" in result.stdout
-    return out / "textgen"
+from tests.conftest import TEXTGEN_FILES as ARTIFACT_FILES
 
 
 @pytest.fixture(scope="session")
@@ -229,6 +210,7 @@ def test_a_bad_message_gets_an_error_and_the_session_goes_on(hooks, model):
     assert isinstance(answers[3], str) and len(answers[3]) == 4
 
 
-def test_a_bad_query_option_is_reported_once_and_ends_the_session(hooks, model):
-    answers = session(hooks, model, ["a", "b"], temperature="warm")
-    assert answers == [{"error": "bad query option: 'temperature' must be a number, not 'warm'"}]
+def test_a_bad_query_option_ends_the_session_with_its_reason(hooks, model):
+    # The server closes the session with 1008 and this message as the reason.
+    with pytest.raises(ValueError, match="bad query option: 'temperature' must be a number, not 'warm'"):
+        session(hooks, model, ["a", "b"], temperature="warm")
