@@ -207,8 +207,8 @@ def encode(outputs: dict[str, np.ndarray], accept: str, batched: bool = True) ->
     single = next(iter(outputs.values())) if len(outputs) == 1 else None
     if accept == JSON:
         if single is not None:
-            return b'{"predictions":' + textout.array_json(single) + b"}", JSON
-        return b'{"predictions":' + _json_outputs(outputs, batched) + b"}", JSON
+            return b"".join([b'{"predictions":', *textout.array_json_parts(single), b"}"]), JSON
+        return b"".join([b'{"predictions":', *_json_outputs(outputs, batched), b"}"]), JSON
     if accept == NPY:
         if single is None:
             raise NotAcceptable(
@@ -228,10 +228,16 @@ def encode(outputs: dict[str, np.ndarray], accept: str, batched: bool = True) ->
     raise NotAcceptable(f"cannot produce {accept}; supported: {', '.join(MEDIA_TYPES)}")
 
 
-def _json_outputs(outputs: dict[str, np.ndarray], batched: bool) -> bytes:
+def _json_outputs(outputs: dict[str, np.ndarray], batched: bool) -> list:
+    """Pieces of the answer's JSON, for one join (each whole-body copy holds the GIL)."""
     if batched and _same_rows(outputs):
-        return b"[" + b",".join(_json_records(outputs)) + b"]"
-    return b"{" + b",".join(textout.dumps(name) + b":" + textout.array_json(a) for name, a in outputs.items()) + b"}"
+        records = _json_records(outputs)
+        return [b"[", b",".join(records), b"]"] if records else [b"[]"]
+    out: list = [b"{"]
+    for name, a in outputs.items():
+        out += [textout.dumps(name), b":", *textout.array_json_parts(a), b","]
+    out[-1] = b"}"
+    return out
 
 
 def _json_records(outputs: dict[str, np.ndarray]) -> list[bytes]:
