@@ -77,7 +77,7 @@ def csv(body: bytes, size: int | None = None) -> np.ndarray:
     """CSV rows -> a 2-D float64 array, numpy's C reader one slice at a time."""
     parts: list[np.ndarray] = []
     columns = None
-    for piece, first in lines(body, size):
+    for piece, first in lines(body, size or slices.CSV_TEXT_BYTES):
         if columns is None:
             columns = piece.split(b"\n", 1)[0].count(b",") + 1
         values = _csv_piece(piece, columns)
