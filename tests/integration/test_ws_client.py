@@ -20,7 +20,6 @@ from local_test.ws_client import exit_status, fragments, session_url
 pytestmark = pytest.mark.slow
 
 PAYLOADS = ROOT / "local_test" / "payloads"
-TEXTGEN_BUILT = ROOT / "build" / "textgen"
 # Each character the textgen session sends waits this long first, so a streamed answer
 # takes long enough to see it arrive piece by piece.
 CHAR_DELAY_S = 0.02
@@ -49,17 +48,10 @@ def client(server: ServerProcess, *args: str, timeout: float = 60) -> subprocess
 
 
 @pytest.fixture(scope="module")
-def textgen_server(request, tmp_path_factory):
-    """The textgen example (conftest's textgen_dir when there is one, else build/textgen),
-    its stream_fn slowed to CHAR_DELAY_S a character."""
-    try:
-        source = request.getfixturevalue("textgen_dir")
-    except pytest.FixtureLookupError:
-        source = TEXTGEN_BUILT
-        if not (source / "config.json").exists():
-            pytest.skip("no build/textgen: make model-textgen")
+def textgen_server(textgen_dir, tmp_path_factory):
+    """The textgen example, its stream_fn slowed to CHAR_DELAY_S a character."""
     work = tmp_path_factory.mktemp("textgen")
-    model = copy_model(source, work / "model")
+    model = copy_model(textgen_dir, work / "model")
     script = model / "code" / "inference.py"
     script.write_text(script.read_text() + SLOW_STREAM)
     with ServerProcess(model, log_path=work / "server.log").start() as server:
