@@ -211,13 +211,15 @@ class Session:
             return
         if stream_fn is not None:
             self.inbox = _RealQueue()
-            answering = gevent.spawn(self._run_stream_fn, stream_fn)
+            self.messages = _Messages(self.inbox, self.server.model_lock)
+            self.delivered = 0
+            answering = gevent.spawn(_quietly, self._run_stream_fn, stream_fn)
         else:
             self.text_type = TEXT_DEFAULT_TYPE
             self.binary_type = options.get("content-type", BINARY_DEFAULT_TYPE)
             self.accept = options.get("accept")
-            answering = gevent.spawn(self._send_answers)
-        self.reader = gevent.spawn(self._read)
+            answering = gevent.spawn(_quietly, self._send_answers)
+        self.reader = gevent.spawn(_quietly, self._read)
         try:
             done = gevent.wait([self.reader, answering], count=1)[0]
             if done is self.reader and self.reader.value == DRAINED:
@@ -352,6 +354,11 @@ class Session:
 
     def _deliver(self, message) -> None:
         if self.inbox is not None:
+            # Back-pressure: at MAX_PENDING unread messages, stop reading the socket.
+            # (The session thread cannot signal a gevent primitive; poll its count.)
+            while self.delivered - self.messages.taken >= MAX_PENDING:
+                gevent.sleep(0.005)
+            self.delivered += 1
             self.inbox.put(message)
             return
         self.slots.acquire()  # back-pressure: at MAX_PENDING, stop reading
@@ -432,8 +439,7 @@ class Session:
         """Drive the model's session generator on a session thread, one item a hop."""
         pool = self.server.session_pool
         lock = self.server.model_lock
-        messages = _Messages(self.inbox, lock)
-        session = _call(pool, lock, _open_stream, stream_fn, messages, self.server.model.model, self.context)
+        session = _call(pool, lock, _open_stream, stream_fn, self.messages, self.server.model.model, self.context)
         inner = None
         try:
             while True:
@@ -455,14 +461,17 @@ class Session:
                 log.debug("closing a session's generator failed", exc_info=True)
 
     def _send_fragmented(self, pool, lock, items) -> None:
+        """One fragmented message: a frame an item. The first item decides its type:
+        bytes make a binary message, anything else text (str as it is, other values as
+        a JSON line each)."""
         text = None
         while True:
             piece = _call(pool, lock, _next, items)
             if piece is _END:
                 break
             if text is None:
-                text = isinstance(piece, str)
-            self._send_message(_item_payload(piece, text), False)
+                text = not isinstance(piece, (bytes, bytearray, memoryview))
+            self._send_message(_item_payload(piece, text, line=True), False)
         self._send_message("" if text in (None, True) else b"", True)
 
     def _send_item(self, item) -> None:
@@ -540,6 +549,7 @@ class _Messages:
     def __init__(self, inbox, lock):
         self.inbox = inbox
         self.lock = lock
+        self.taken = 0  # messages handed to the stream_fn (read by the loop for back-pressure)
 
     def __iter__(self):
         return self
@@ -556,7 +566,17 @@ class _Messages:
         if item is _END:
             self.inbox.put(_END)  # every later call ends too
             raise StopIteration
+        self.taken += 1
         return item
+
+
+def _quietly(fn, *args):
+    """A session greenlet's body: how it ended (a Closing, a broken connection) comes
+    back as its value, for Session.run to act on, rather than as a printed traceback."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - Session.run logs what is unexpected
+        return e
 
 
 def _outcome(greenlet):
@@ -637,15 +657,16 @@ def _payload(data, text: bool):
     return data
 
 
-def _item_payload(item, text: bool):
-    """One item a stream_fn yielded, as a frame's payload of the message's type."""
+def _item_payload(item, text: bool, line: bool = False):
+    """One item a stream_fn yielded, as a frame's payload of the message's type; other
+    values than str and bytes as JSON (a line each, in a fragmented message)."""
     if isinstance(item, str):
         return item if text else item.encode("utf-8")
     if isinstance(item, (bytes, bytearray, memoryview)):
         return bytes(item).decode("utf-8", errors="replace") if text else bytes(item)
     from .streams import to_json
 
-    encoded = to_json(item)
+    encoded = to_json(item) + (b"\n" if line else b"")
     return encoded.decode("utf-8") if text else encoded
 
 
