@@ -54,4 +54,6 @@ def test_without_raised_limits_the_same_body_is_413(example_model_dir, tmp_path,
     with ServerProcess(example_model_dir, log_path=tmp_path / "server.log") as server:
         answer = requests.post(f"{server.url}/invocations", data=body, headers={"Content-Type": "application/x-npy"}, timeout=300)
         assert answer.status_code == 413, answer.text[:300]
-        assert answer.json() == {"error": f"request body of {len(body)} bytes exceeds the payload limit of {100 * 1024 * 1024} bytes"}
+        # The message names the variable that raises the limit.
+        assert answer.json() == {"error": f"request body of {len(body)} bytes exceeds the payload limit of "
+                                          f"{100 * 1024 * 1024} bytes (SMSERVE_MAX_REQUEST_MB=100)"}
