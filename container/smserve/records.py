@@ -242,7 +242,8 @@ def parse(body: bytes, where: str = "request body"):
             raise BadRequest(f"{where} is not UTF-8 text") from None
         if "depth" in e.msg or "recursion" in e.msg:
             raise BadRequest(f"{where}: JSON nesting is too deep") from None
-        raise BadRequest(f"{where} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        hint = " (JSON numbers must fit a 64-bit float)" if "infinity" in e.msg else ""
+        raise BadRequest(f"{where} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}{hint}") from None
 
 
 def parse_document(body: bytes, where: str = "request body", size: int | None = None):
@@ -346,7 +347,7 @@ def check_numbers(value, where: str) -> None:
             stack.extend((v, path + [i]) for i, v in reversed(list(enumerate(item))))
         elif type(item) not in (int, float):
             at = f", position {path}" if path else ""
-            raise BadRequest(f"{where}{at}: {_describe(item)} is not a number")
+            raise BadRequest(f"{where}{at}: {_describe(item)} is not a number (inputs must be JSON numbers)")
 
 
 def _describe(value) -> str:
