@@ -12,7 +12,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from . import __version__, protocols, v2
-from .errors import BadRequest, HTTPError, NotFound, PayloadTooLarge, Unavailable
+from .errors import BadRequest, HTTPError, NotFound, PayloadTooLarge, Unavailable, json_error_body
 from .metadata import ModelMetadata
 from .server import READY, ModelServer, worker_slot_from_env
 from .settings import Settings
@@ -46,7 +46,71 @@ def create_app(settings: Settings | None = None, server: ModelServer | None = No
 
     _v2_routes(app, server, settings)
     _register_errors(app)
+    app.extensions["smserve.direct"] = direct_routes(server, settings)
     return app
+
+
+# ---------------------------------------------------------------- the hot path
+
+DirectAnswer = tuple[int, list[tuple[str, str]], object]
+
+
+def direct_routes(server: ModelServer, settings: Settings) -> dict:
+    """/ping and /invocations as our gunicorn worker calls them, without werkzeug's
+    request and response objects (they cost more than a small inference): the same
+    answers as the Flask routes above, which still serve everything else and any
+    other WSGI server. Each takes the request's headers (upper-case names, repeated
+    fields joined with a comma as WSGI joins them) and its whole body."""
+
+    def ping(headers: dict[str, str], body: bytes) -> DirectAnswer:
+        server.check_all_ready()
+        return 200, [("Content-Type", "text/plain"), ("Content-Length", "0")], b""
+
+    def invocations(headers: dict[str, str], body: bytes) -> DirectAnswer:
+        message = protocols.Message(
+            body=body,
+            content_type=headers.get("CONTENT-TYPE", ""),
+            accept=headers.get("ACCEPT"),
+            v2_header_length=headers.get(v2.HEADER_LENGTH_HEADER.upper()),
+        )
+        reply = protocols.answer(message, server, settings)
+        out = list(reply.headers.items())
+        if not reply.streamed:
+            out.append(("Content-Length", str(len(reply.body))))
+        return 200, out, reply.body
+
+    def guarded(route):
+        def answer(method: str, path: str, headers: dict[str, str], body: bytes) -> DirectAnswer:
+            try:
+                return route(headers, body)
+            except HTTPError as e:
+                _log_error(method, path, e)
+                return _direct_error(e.message, e.status)
+            except Exception as e:  # noqa: BLE001 - as the Flask app's unexpected-error handler
+                log.exception("unhandled error on %s %s", method, path)
+                return _direct_error(f"internal error: {type(e).__name__}: {e}", 500)
+
+        return answer
+
+    return {
+        ("GET", "/ping"): guarded(ping),
+        ("POST", "/ping"): guarded(ping),
+        ("POST", "/invocations"): guarded(invocations),
+    }
+
+
+def _direct_error(message: str, status: int) -> DirectAnswer:
+    body = json_error_body(message)
+    return status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))], body
+
+
+def _log_error(method: str, path: str, e: HTTPError) -> None:
+    if e.status == Unavailable.status:
+        # A model still loading is the normal state of a start, not an error: an
+        # ERROR line here would trip alarms on every deploy.
+        log.debug("%s %s -> %d: %s", method, path, e.status, e.message)
+    elif e.status >= 500:
+        log.error("%s %s -> %d: %s", method, path, e.status, e.message)
 
 
 def _invocations(server: ModelServer, settings: Settings) -> Response:
@@ -142,12 +206,7 @@ def error_response(message: str, status: int) -> Response:
 def _register_errors(app: Flask) -> None:
     @app.errorhandler(HTTPError)
     def http_error(e: HTTPError):
-        if e.status == Unavailable.status:
-            # A model still loading is the normal state of a start, not an error: an
-            # ERROR line here would trip alarms on every deploy.
-            log.debug("%s %s -> %d: %s", request.method, request.path, e.status, e.message)
-        elif e.status >= 500:
-            log.error("%s %s -> %d: %s", request.method, request.path, e.status, e.message)
+        _log_error(request.method, request.path, e)
         return error_response(e.message, e.status)
 
     @app.errorhandler(HTTPException)

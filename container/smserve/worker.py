@@ -36,6 +36,7 @@ import resource
 import socket
 import sys
 import time
+from http import HTTPStatus
 
 import gevent
 from gevent import hub, monkey
@@ -141,6 +142,10 @@ class GeventModelWorker(base.Worker):
     @property
     def model_server(self):
         return self.wsgi.extensions["smserve"]
+
+    @property
+    def direct_routes(self) -> dict:
+        return self.wsgi.extensions.get("smserve.direct", {})
 
     # ------------------------------------------------------------ main loop
 
@@ -287,19 +292,22 @@ class GeventModelWorker(base.Worker):
             # A WebSocket session takes the connection over until it closes.
             websocket.serve(self, sock, sender, req, parser.unreader.take_buffered(), addr)
             return False
-        resp, environ = wsgi.create(req, sender, addr, listener_name, self.cfg)
-        environ["wsgi.multithread"] = True
+        direct = self.direct_routes.get((req.method, req.path))
+        if direct is not None:
+            # The hot path: answered without building a WSGI environ or werkzeug objects.
+            resp = wsgi.Response(req, sender, self.cfg)
+            environ = _log_environ(req, addr)
+            if req._expected_100_continue:
+                sender.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        else:
+            resp, environ = wsgi.create(req, sender, addr, listener_name, self.cfg)
+            environ["wsgi.multithread"] = True
         try:
             body = self._read_body(req)
         except _ClientError as e:
             self.send_error(sock, e.status, e.message)
             access.log_request(environ, e.status, 0, started)
             return False
-        environ["smserve.body"] = body  # the app takes it as it is, without a copy
-        environ["wsgi.input"] = io.BytesIO(body)
-        environ["CONTENT_LENGTH"] = str(len(body))
-        environ.pop("HTTP_TRANSFER_ENCODING", None)
-        environ["smserve.worker"] = self
         self.nr += 1
         if self.nr >= self.max_requests and self.alive:
             self.log.info("Autorestarting worker after current request.")
@@ -307,7 +315,17 @@ class GeventModelWorker(base.Worker):
         if not self.alive and not (_buffered(parser) or bytes_waiting(sock)):
             # Shutting down and no further request has arrived: this answer is the last.
             resp.force_close()
-        respiter = self.wsgi(environ, resp.start_response)
+        if direct is not None:
+            status, headers, payload = direct(req.method, req.path, _joined_headers(req), body)
+            resp.start_response(f"{status} {_reason(status)}", headers)
+            respiter = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
+        else:
+            environ["smserve.body"] = body  # the app takes it as it is, without a copy
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
+            environ.pop("HTTP_TRANSFER_ENCODING", None)
+            environ["smserve.worker"] = self
+            respiter = self.wsgi(environ, resp.start_response)
         try:
             for item in respiter:
                 resp.write(item)
@@ -425,6 +443,33 @@ def _check_chunk_sizes(body, limit: int, too_big: str) -> None:
         return size, rest
 
     reader.parse_chunk_size = checked
+
+
+def _joined_headers(req) -> dict[str, str]:
+    """Header name (upper case) -> value, repeated fields joined with a comma as WSGI
+    joins them (so an ambiguous repeat stays visible to the codecs)."""
+    headers: dict[str, str] = {}
+    for name, value in req.headers:
+        headers[name] = f"{headers[name]},{value}" if name in headers else value
+    return headers
+
+
+def _log_environ(req, addr) -> dict:
+    """What the access log reads from a WSGI environ, for a request answered directly."""
+    environ = {"REQUEST_METHOD": req.method, "PATH_INFO": req.path,
+               "REMOTE_ADDR": addr[0] if isinstance(addr, tuple) and addr else "-"}
+    for name, value in req.headers:
+        key = "HTTP_" + name.replace("-", "_")
+        if key in access.REQUEST_ID_KEYS:
+            environ[key] = value
+    return environ
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
 
 
 def _buffered(parser) -> bool:
