@@ -56,6 +56,9 @@ REASONS = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout"
            426: "Upgrade Required", 431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
            503: "Service Unavailable"}
 READ_SIZE = 1024 * 1024
+# Answers up to this size go out with their head in one send (a syscall each costs
+# more than copying this much).
+SMALL_ANSWER = 64 * 1024
 
 
 class _Close(Exception):
@@ -318,7 +321,12 @@ class GeventModelWorker(base.Worker):
         if direct is not None:
             status, headers, payload = direct(req.method, req.path, _joined_headers(req), body)
             resp.start_response(f"{status} {_reason(status)}", headers)
-            respiter = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
+            if isinstance(payload, (bytes, bytearray, memoryview)):
+                respiter = [payload]
+                if len(payload) <= SMALL_ANSWER:
+                    sender.hold()
+            else:
+                respiter = payload
         else:
             environ["smserve.body"] = body  # the app takes it as it is, without a copy
             environ["wsgi.input"] = io.BytesIO(body)
@@ -330,6 +338,7 @@ class GeventModelWorker(base.Worker):
             for item in respiter:
                 resp.write(item)
             resp.close()
+            sender.flush()
         except _SendTimeout as e:
             self.log.info("answer cut off: %s", e)
             return False
@@ -408,8 +417,21 @@ class _Sender:
     def __init__(self, sock, timeout: float):
         self._sock = sock
         self._timeout = timeout
+        self._held: list | None = None
+
+    def hold(self) -> None:
+        """Gather writes until flush(): a small answer's head and body leave in one send."""
+        self._held = []
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self.sendall(b"".join(held))
 
     def sendall(self, data) -> None:
+        if self._held is not None:
+            self._held.append(bytes(data))
+            return
         raw = self._sock._sock  # the non-blocking OS socket under gevent's
         view = memoryview(data).cast("B")
         while view:
