@@ -157,7 +157,7 @@ push: install ## Push IMAGE to ECR; writes build/image-uri (repo@sha256:...)
 sm-model: install $(MODEL_DEPS) ## Package MODEL_DIR to S3 and create the SageMaker model
 	@test -n "$(IMAGE_URI)" || { echo "no image URI: run 'make push' first or pass IMAGE_URI=repo@sha256:..." >&2; exit 1; }
 	@mkdir -p build
-	$(DEPLOY) package $(MODEL_DIR) --create-bucket > build/model-uri
+	$(DEPLOY) package $(MODEL_DIR) --create-bucket > build/model-uri.tmp && mv build/model-uri.tmp build/model-uri
 	@image='$(IMAGE_URI)'; data=$$(cat build/model-uri); data=$${data%/model.tar.gz}; data=$${data##*/}; \
 		case "$$image" in *@sha256:*) digest=$${image##*@sha256:};; *) digest=$$(printf %s "$$image" | sha256sum);; esac; \
 		name='$(SM_MODEL_NAME)'; test -n "$$name" || name=$$(printf %s '$(ENDPOINT)' | cut -c1-40)-$${digest:0:12}-$${data:0:8}; \
