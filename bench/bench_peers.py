@@ -1,0 +1,457 @@
+r"""Throughput side by side: our server against a bare Flask handler and PyTriton (issue 11).
+
+    .venv/bin/python bench/bench_peers.py [--seconds 8] [--rounds 2] [--pin] [--no-triton]
+        [--pytriton-python /tmp/pytriton_venv/bin/python]
+
+Builds one TorchScript MLP (64->256->16, torch.jit.trace) into a temporary model dir
+and serves it, all at once, from
+  - our server (container/serve: gunicorn, our gevent worker, one worker, one torch
+    thread), asked in three protocols: application/x-npy in and out, application/json
+    ({"instances": [...]}), and KServe v2 binary (/v2/models/mlp/infer with
+    Inference-Header-Content-Length);
+  - a bare peer: the 20-line Flask app below under gunicorn's stock gevent worker
+    (`-k gevent`, one worker), np.load -> model under torch.no_grad -> np.save; no
+    batching, no checks: the ceiling of a Python WSGI stack;
+  - PyTriton (Triton's C++ HTTP front end, Python model, default dynamic batcher), v2
+    binary, when nvidia-pytriton is importable and starts (--no-triton skips it). It
+    pins numpy<2 (the lock has numpy 2), so keep it out of the project's venv: a venv of
+    its own that sees the project's packages (torch) after its own (numpy 1.x):
+        python3.11 -m venv /tmp/pytriton_venv    # the interpreter .venv was made from
+        /tmp/pytriton_venv/bin/pip install nvidia-pytriton
+        echo $PWD/.venv/lib/python3.11/site-packages \
+            > /tmp/pytriton_venv/lib/python3.11/site-packages/zz_project.pth
+    then --pytriton-python /tmp/pytriton_venv/bin/python (or PYTRITON_PYTHON). (A
+    `pip install --target` folder on PYTHONPATH does not work: Triton's Python backend
+    stub ignores PYTHONPATH.)
+Each server runs one worker with one torch thread. Every case is answered once before
+the load and its answer compared with the model's own (a wrong answer is printed, not
+hidden). Then `hey` (apt-get install hey) drives each case at concurrency 16 for
+--seconds, interleaved round by round (A, B, C, ..., A, B, C, ...) so that noise on a
+shared machine hits all of them alike; each round's req/s is kept to show the spread.
+--pin pins every server to core 0 and hey to core 1 (the method of issue 11).
+
+Prints one table: req/s, p50/p99 latency, non-200 answers (and connection errors), and
+the ratio to the bare Flask peer and to PyTriton. It asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from local_test.server_process import ServerProcess, free_port  # noqa: E402
+
+MODEL_NAME, IN_NAME, OUT_NAME = "mlp", "x", "y"
+IN_DIM, HIDDEN, OUT_DIM, MAX_BATCH = 64, 256, 16, 256
+IHCL = "Inference-Header-Content-Length"
+NPY = "application/x-npy"
+
+PEER_APP = '''\
+import io, os
+import numpy as np, torch
+from flask import Flask, request, Response
+
+torch.set_num_threads(1)
+model = torch.jit.load(os.path.join(os.environ["PEER_MODEL_DIR"], "model.pt")).eval()
+app = Flask(__name__)
+
+
+@app.get("/ping")
+def ping():
+    return ""
+
+
+@app.post("/invocations")
+def invocations():
+    x = np.load(io.BytesIO(request.get_data()), allow_pickle=False)
+    with torch.no_grad():
+        y = model(torch.from_numpy(x)).numpy()
+    out = io.BytesIO()
+    np.save(out, y)
+    return Response(out.getvalue(), mimetype="application/x-npy")
+'''
+
+TRITON_APP = '''\
+import os, sys
+import numpy as np, torch
+from pytriton.decorators import batch
+from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+from pytriton.triton import Triton, TritonConfig
+
+torch.set_num_threads(1)
+model = torch.jit.load(os.path.join(os.environ["PEER_MODEL_DIR"], "model.pt")).eval()
+
+
+@batch
+def infer(x):
+    with torch.no_grad():
+        return {"y": model(torch.from_numpy(x)).numpy()}
+
+
+http_port, grpc_port, metrics_port = (int(p) for p in sys.argv[1:4])
+config = TritonConfig(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                      http_address="127.0.0.1", grpc_address="127.0.0.1")
+with Triton(config=config) as triton:
+    triton.bind(model_name="mlp", infer_func=infer,
+                inputs=[Tensor(name="x", dtype=np.float32, shape=(-1,))],
+                outputs=[Tensor(name="y", dtype=np.float32, shape=(-1,))],
+                config=ModelConfig(max_batch_size=256, batcher=DynamicBatcher()))
+    triton.serve()
+'''
+
+
+# ---------------------------------------------------------------- the model
+
+
+def build_model(model_dir: Path) -> torch.jit.ScriptModule:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(IN_DIM, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT_DIM)).eval()
+    traced = torch.jit.trace(net, torch.zeros(2, IN_DIM))
+    model_dir.mkdir(parents=True)
+    torch.jit.save(traced, str(model_dir / "model.pt"))
+    (model_dir / "metadata.json").write_text(json.dumps({
+        "name": MODEL_NAME, "version": "1", "max_batch_size": MAX_BATCH,
+        "inputs": [{"name": IN_NAME, "datatype": "FP32", "shape": [IN_DIM]}],
+        "outputs": [{"name": OUT_NAME, "datatype": "FP32", "shape": [OUT_DIM]}],
+    }, indent=2))
+    return traced
+
+
+# ---------------------------------------------------------------- request bodies and answers
+
+
+def npy_bytes(x: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, x)
+    return buf.getvalue()
+
+
+def v2_request(x: np.ndarray) -> tuple[bytes, int]:
+    """A KServe v2 binary body and its JSON header's length, as tritonclient builds it."""
+    import tritonclient.http as httpclient
+
+    inp = httpclient.InferInput(IN_NAME, list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    out = httpclient.InferRequestedOutput(OUT_NAME, binary_data=True)
+    body, header_length = httpclient.InferenceServerClient.generate_request_body([inp], outputs=[out])
+    return body, header_length
+
+
+def v2_answer(body: bytes, headers) -> np.ndarray:
+    import tritonclient.http as httpclient
+
+    length = headers.get(IHCL)
+    result = httpclient.InferenceServerClient.parse_response_body(body, header_length=int(length) if length else None)
+    return result.as_numpy(OUT_NAME)
+
+
+class Case:
+    """One server x protocol x batch: where hey sends what, and how to read the answer."""
+
+    def __init__(self, server: str, protocol: str, batch: int, url: str, body: bytes, headers: dict, decode):
+        self.server, self.protocol, self.batch = server, protocol, batch
+        self.url, self.body, self.headers, self.decode = url, body, headers, decode
+        self.rounds: list[dict] = []
+        self.correct: str = "?"
+
+    @property
+    def label(self) -> str:
+        return f"{self.server}, {self.protocol}"
+
+
+def cases_for(server: str, base: str, protocols: list[str], x: dict[int, np.ndarray]) -> list[Case]:
+    cases = []
+    for batch, data in x.items():
+        for protocol in protocols:
+            if protocol == "npy":
+                cases.append(Case(server, "npy", batch, base + "/invocations", npy_bytes(data),
+                                  {"Content-Type": NPY, "Accept": NPY},
+                                  lambda body, headers: np.load(io.BytesIO(body), allow_pickle=False)))
+            elif protocol == "json":
+                cases.append(Case(server, "json", batch, base + "/invocations",
+                                  json.dumps({"instances": data.tolist()}).encode(),
+                                  {"Content-Type": "application/json", "Accept": "application/json"},
+                                  lambda body, headers: np.asarray(json.loads(body)["predictions"], np.float32)))
+            elif protocol == "v2 binary":
+                body, header_length = v2_request(data)
+                cases.append(Case(server, "v2 binary", batch, f"{base}/v2/models/{MODEL_NAME}/infer", body,
+                                  {"Content-Type": "application/octet-stream", IHCL: str(header_length)},
+                                  v2_answer))
+    return cases
+
+
+def check(case: Case, expected: np.ndarray) -> None:
+    """One request outside the load: the status and the numbers must be the model's."""
+    try:
+        r = requests.post(case.url, data=case.body, headers=case.headers, timeout=30)
+        if r.status_code != 200:
+            case.correct = f"HTTP {r.status_code}: {r.text[:200]!r}"
+            return
+        got = case.decode(r.content, r.headers)
+        if got.shape != expected.shape:
+            case.correct = f"shape {got.shape} != {expected.shape}"
+        elif not np.allclose(got, expected, rtol=1e-5, atol=1e-5):
+            case.correct = f"max |diff| {float(np.abs(got - expected).max()):.3g}"
+        else:
+            case.correct = "ok"
+    except Exception as e:  # noqa: BLE001 - reported in the table, never hidden
+        case.correct = f"{type(e).__name__}: {e}"[:200]
+
+
+# ---------------------------------------------------------------- load
+
+
+def hey(case: Case, seconds: float, concurrency: int, workdir: Path, pin: bool) -> dict:
+    body = workdir / "body.bin"
+    body.write_bytes(case.body)
+    headers = dict(case.headers)
+    cmd = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
+           "-T", headers.pop("Content-Type"), "-D", str(body)]
+    for name, value in headers.items():
+        cmd += ["-H", f"{name}: {value}"]
+    if pin:
+        cmd = ["taskset", "-c", "1"] + cmd
+    # hey's summary, not -o csv: the csv leaves out connection errors.
+    out = subprocess.run(cmd + [case.url], capture_output=True, text=True, check=True).stdout
+    statuses = {int(code): int(n) for code, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
+    errors = sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]\s", out.split("Error distribution:")[1], re.M)) \
+        if "Error distribution:" in out else 0
+    latency = {p: float(v) * 1000 for p, v in re.findall(r"(\d+)% in ([\d.]+) secs", out)}
+    return {"n": sum(statuses.values()), "elapsed": float(re.search(r"Total:\s+([\d.]+) secs", out).group(1)),
+            "p50": latency.get("50", float("nan")), "p99": latency.get("99", float("nan")),
+            "non200": sum(n for code, n in statuses.items() if code != 200), "errors": errors}
+
+
+# ---------------------------------------------------------------- servers
+
+
+@contextlib.contextmanager
+def pinned(core: int | None):
+    """Processes started inside inherit this CPU set (and pass it to their children)."""
+    if core is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+class PeerProcess:
+    """A plain command serving HTTP on a port; ready when `ready_path` answers 200."""
+
+    def __init__(self, cmd: list[str], env: dict, url: str, ready_path: str, log_path: Path, cwd: Path):
+        self.cmd, self.env, self.cwd = cmd, env, cwd
+        self.url, self.ready_path, self.log_path = url, ready_path, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120) -> "PeerProcess":
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.terminate()
+                raise RuntimeError(f"{self.cmd[0]} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if requests.get(self.url + self.ready_path, timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        self.terminate()
+        raise TimeoutError(f"not ready in {timeout}s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def terminate(self) -> None:
+        """SIGTERM, then SIGKILL to its whole group (tritonserver, gunicorn's worker), even
+        when the leader has already exited."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(20)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, 9)
+        self.proc.wait()
+
+
+def one_thread_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def start_peer(model_dir: Path, work: Path) -> PeerProcess:
+    (work / "peer_app.py").write_text(PEER_APP)
+    port = free_port()
+    gunicorn = str(Path(sys.executable).with_name("gunicorn"))
+    return PeerProcess([gunicorn, "-k", "gevent", "-w", "1", "-b", f"127.0.0.1:{port}", "peer_app:app"],
+                       {**one_thread_env(), "PEER_MODEL_DIR": str(model_dir)}, f"http://127.0.0.1:{port}",
+                       "/ping", work / "peer.log", work).start()
+
+
+def triton_env() -> dict:
+    """PyTriton's Triton binary links libpython: the interpreter's LIBDIR goes on the path."""
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    return {**one_thread_env(),
+            "LD_LIBRARY_PATH": os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if p)}
+
+
+def pytriton_importable(python: str, env: dict) -> bool:
+    return subprocess.run([python, "-c", "import pytriton.triton, torch"], env=env, capture_output=True).returncode == 0
+
+
+def start_triton(python: str, model_dir: Path, work: Path, env: dict) -> PeerProcess:
+    (work / "triton_app.py").write_text(TRITON_APP)
+    ports = [free_port() for _ in range(3)]
+    env = {**env, "PEER_MODEL_DIR": str(model_dir)}
+    return PeerProcess([python, str(work / "triton_app.py"), *map(str, ports)], env, f"http://127.0.0.1:{ports[0]}",
+                       f"/v2/models/{MODEL_NAME}/ready", work / "triton.log", work).start(180)
+
+
+# ---------------------------------------------------------------- report
+
+
+def summary(case: Case) -> dict:
+    """req/s over all rounds; p50: the median round's; p99: the worst round's."""
+    n = sum(r["n"] for r in case.rounds)
+    elapsed = sum(r["elapsed"] for r in case.rounds)
+    return {"rps": n / elapsed if elapsed else float("nan"),
+            "rounds": [r["n"] / r["elapsed"] for r in case.rounds],
+            "p50": float(np.median([r["p50"] for r in case.rounds])) if case.rounds else float("nan"),
+            "p99": max((r["p99"] for r in case.rounds), default=float("nan")),
+            "non200": sum(r["non200"] for r in case.rounds), "errors": sum(r["errors"] for r in case.rounds)}
+
+
+def ratio(a: float, b: float | None) -> str:
+    return f"{a / b:5.2f}x" if b else "    -"
+
+
+def report(cases: list[Case], args, triton_note: str) -> None:
+    print()
+    print(f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM} TorchScript, one worker and one torch thread per server; hey -c "
+          f"{args.concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
+          f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; our log level {args.log_level}")
+    if triton_note:
+        print(f"PyTriton: {triton_note}")
+    stats = {(c.server, c.protocol, c.batch): summary(c) for c in cases}
+    header = (f"{'server, protocol':24} {'batch':>5} {'req/s':>7} {'per round':>15} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'non-200':>9} {'vs flask':>8} {'vs triton':>9}  answer")
+    print(header)
+    print("-" * len(header))
+    for c in sorted(cases, key=lambda c: (c.batch, ["ours", "flask", "pytriton"].index(c.server))):
+        s = stats[(c.server, c.protocol, c.batch)]
+        flask = stats.get(("flask", "npy", c.batch), {}).get("rps")
+        triton = stats.get(("pytriton", "v2 binary", c.batch), {}).get("rps")
+        per_round = "/".join(f"{v:.0f}" for v in s["rounds"])
+        bad = f"{s['non200']}" + (f"+{s['errors']}e" if s["errors"] else "")
+        print(f"{c.label:24} {c.batch:5} {s['rps']:7.0f} {per_round:>15} {s['p50']:7.1f} {s['p99']:7.1f} "
+              f"{bad:>9} {ratio(s['rps'], flask):>8} {ratio(s['rps'], triton):>9}  {c.correct}")
+    print("req/s: all rounds together; per round: each round's req/s; p50: the median round's, p99: the worst "
+          "round's;\nnon-200: answers that were not 200 (+Ne: connection errors); vs flask / vs triton: req/s "
+          "over the bare Flask npy peer / PyTriton v2 binary at the same batch; answer: the check before the load.")
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8, help="hey's duration per case per round")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (A, B, C, A, B, C, ...)")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--warmup", type=float, default=1, help="seconds of hey per case before the rounds")
+    parser.add_argument("--pin", action="store_true", help="servers on core 0, hey on core 1 (taskset)")
+    parser.add_argument("--no-triton", action="store_true", help="skip PyTriton even when it is installed")
+    parser.add_argument("--pytriton-python", default=os.environ.get("PYTRITON_PYTHON", sys.executable),
+                        help="an interpreter that imports pytriton and torch (default $PYTRITON_PYTHON, else "
+                             "this one); the module docstring says how to make one")
+    parser.add_argument("--log-level", default="warning",
+                        help="our server's SMSERVE_LOG_LEVEL (info writes an access line per request)")
+    args = parser.parse_args()
+    if shutil.which("hey") is None:
+        sys.exit("bench_peers needs hey: apt-get install -y hey")
+    if args.pin and (shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2):
+        sys.exit("--pin needs taskset and two usable cores")
+
+    work = Path(tempfile.mkdtemp(prefix="bench_peers_"))
+    model_dir = work / "model"
+    model = build_model(model_dir)
+    rng = np.random.default_rng(0)
+    x = {b: rng.standard_normal((b, IN_DIM)).astype(np.float32) for b in (1, MAX_BATCH)}
+    with torch.no_grad():
+        expected = {b: model(torch.from_numpy(v)).numpy() for b, v in x.items()}
+
+    core = 0 if args.pin else None
+    started: list = []
+    triton_note = ""
+    try:
+        with pinned(core):
+            ours = ServerProcess(model_dir, {"SMSERVE_LOG_LEVEL": args.log_level, "SMSERVE_TORCH_THREADS": "1",
+                                             "OMP_NUM_THREADS": "1"}, log_path=work / "ours.log")
+            started.append(ours)
+            ours.start()
+            started.append(start_peer(model_dir, work))
+        cases = cases_for("ours", ours.url, ["npy", "json", "v2 binary"], x)
+        cases += cases_for("flask", started[1].url, ["npy"], x)
+        if args.no_triton:
+            triton_note = "skipped (--no-triton)"
+        else:
+            env = triton_env()
+            if not pytriton_importable(args.pytriton_python, env):
+                triton_note = (f"pytriton (or torch) not importable by {args.pytriton_python}, skipped; see "
+                               "--pytriton-python")
+            else:
+                try:
+                    with pinned(core):
+                        triton = start_triton(args.pytriton_python, model_dir, work, env)
+                    started.append(triton)
+                    cases += cases_for("pytriton", triton.url, ["v2 binary"], x)
+                    triton_note = "default DynamicBatcher, max_batch_size 256"
+                except Exception as e:  # noqa: BLE001 - the rest of the table still stands
+                    triton_note = f"did not start, skipped ({type(e).__name__}: {str(e)[-300:]!r})"
+        # Interleave: batch 1 cases of every server, then batch 256, then again.
+        cases.sort(key=lambda c: (c.batch, ["ours", "flask", "pytriton"].index(c.server)))
+        for c in cases:
+            check(c, expected[c.batch])
+            print(f"check {c.label:24} batch {c.batch:3}: {c.correct}", flush=True)
+        if args.warmup > 0:
+            for c in cases:
+                hey(c, args.warmup, args.concurrency, work, args.pin)
+        for r in range(args.rounds):
+            for c in cases:
+                c.rounds.append(hey(c, args.seconds, args.concurrency, work, args.pin))
+                s = c.rounds[-1]
+                print(f"round {r + 1} {c.label:24} batch {c.batch:3}: {s['n'] / s['elapsed']:7.0f} req/s", flush=True)
+    finally:
+        for server in reversed(started):
+            server.terminate()
+        shutil.rmtree(work, ignore_errors=True)
+    report(cases, args, triton_note)
+
+
+if __name__ == "__main__":
+    main()
