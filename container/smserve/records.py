@@ -21,8 +21,10 @@ from .errors import BadRequest
 
 RECORD_KEYS = ("instances", "inputs", "features", "data")
 MAX_JSON_DEPTH = 100
-# Bodies smaller than this are parsed in one call: slicing would only add overhead.
-SLICED_JSON_MIN_BYTES = 64 * 1024
+# Bodies smaller than this are parsed in one call: slicing doubles the cost of a
+# realistic batch (256 x 64 floats, 320 KB: 3.4 ms whole, 6.5 ms sliced), and one call
+# on 1 MB holds the GIL for about 10 ms, well within /ping's budget.
+SLICED_JSON_MIN_BYTES = 1024 * 1024
 
 _WHITESPACE = b" \t\r\n\f\v"
 # What makes a line blank, and a line holding nothing else (in a slice that starts at a
