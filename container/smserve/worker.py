@@ -40,6 +40,7 @@ from http import HTTPStatus
 
 import gevent
 from gevent import hub, monkey
+from gevent.event import Event
 from gevent import socket as gevent_socket
 from gevent.server import StreamServer
 from gunicorn.http import errors as http_errors
@@ -101,6 +102,7 @@ class GeventModelWorker(base.Worker):
         super().__init__(*args, **kwargs)
         self.connections: dict[object, _Connection] = {}
         self.sessions: set = set()  # open WebSocket sessions (websocket.Session)
+        self._stopping = Event()  # set at SIGTERM: the main loop starts draining at once
         self.servers: list[StreamServer] = []
 
     # ------------------------------------------------------------ process set-up
@@ -164,8 +166,16 @@ class GeventModelWorker(base.Worker):
             self.servers.append(server)
         while self.alive:
             self.notify()
-            gevent.sleep(1.0)
+            self._stopping.wait(1.0)
         self._drain()
+        # Every answer is out and every connection closed. Python's own finalisation
+        # (torch, thread pools) would keep the worker, and so the container's stop,
+        # waiting seconds more for nothing.
+        self.log.info("Worker exiting (pid: %s)", self.pid)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     def _wait_for_model(self):
         """A worker restarted after the first full start: the others serve meanwhile,
@@ -179,6 +189,7 @@ class GeventModelWorker(base.Worker):
         if not self.alive:
             return
         self.alive = False
+        self._stopping.set()
         for server in self.servers:
             server.close()
         # Connections still queued in the listen backlog may carry whole requests.
