@@ -20,6 +20,24 @@ REQUEST_ID_KEYS = ("HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID"
 QUIET_PATHS = ("/ping", "/v2/health/live", "/v2/health/ready")
 
 
+def peer(addr) -> str:
+    """The client's address as the access log writes it."""
+    if isinstance(addr, tuple) and addr:
+        return str(addr[0])
+    return str(addr or "-")
+
+
+def request_environ(req, addr) -> dict:
+    """What log_request reads from a WSGI environ, for a request answered without one
+    (the worker's direct routes, WebSocket handshakes): gunicorn's parsed request."""
+    environ = {"REQUEST_METHOD": req.method, "PATH_INFO": req.path, "REMOTE_ADDR": peer(addr)}
+    for name, value in req.headers:
+        key = "HTTP_" + name.replace("-", "_")
+        if key in REQUEST_ID_KEYS:
+            environ[key] = value
+    return environ
+
+
 def log_request(environ: dict, status: int, sent: int, started: float) -> None:
     path = environ.get("PATH_INFO", "")
     level = logging.DEBUG if status == 200 and path in QUIET_PATHS else logging.INFO

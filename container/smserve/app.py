@@ -67,12 +67,7 @@ def direct_routes(server: ModelServer, settings: Settings) -> dict:
         return 200, [("Content-Type", "text/plain"), ("Content-Length", "0")], b""
 
     def invocations(headers: dict[str, str], body: bytes) -> DirectAnswer:
-        message = protocols.Message(
-            body=body,
-            content_type=headers.get("CONTENT-TYPE", ""),
-            accept=headers.get("ACCEPT"),
-            v2_header_length=headers.get(v2.HEADER_LENGTH_HEADER.upper()),
-        )
+        message = protocols.Message.from_http(body, lambda name: headers.get(name.upper()))
         reply = protocols.answer(message, server, settings)
         out = list(reply.headers.items())
         if not reply.streamed:
@@ -116,12 +111,7 @@ def _log_error(method: str, path: str, e: HTTPError) -> None:
 def _invocations(server: ModelServer, settings: Settings) -> Response:
     """The protocol is chosen by the protocol table (protocols.py); this route only
     moves the request in and the reply out."""
-    message = protocols.Message(
-        body=_read_body(settings),
-        content_type=request.headers.get("Content-Type", ""),
-        accept=request.headers.get("Accept"),
-        v2_header_length=request.headers.get(v2.HEADER_LENGTH_HEADER),
-    )
+    message = protocols.Message.from_http(_read_body(settings), request.headers.get)
     return _response(protocols.answer(message, server, settings))
 
 

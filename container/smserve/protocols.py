@@ -44,6 +44,12 @@ class Message:
     # The Inference-Header-Content-Length header (HTTP only).
     v2_header_length: str | None = None
 
+    @classmethod
+    def from_http(cls, body: bytes, header) -> "Message":
+        """An HTTP request's message; header(name) gives a header's value or None."""
+        return cls(body=body, content_type=header("Content-Type") or "", accept=header("Accept"),
+                   v2_header_length=header(v2.HEADER_LENGTH_HEADER))
+
     @property
     def kind(self) -> str:
         return simple.media_type(self.content_type)

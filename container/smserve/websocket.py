@@ -142,7 +142,7 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
     """Run one session on a connection whose handshake request was just parsed; the
     connection ends with it."""
     started = time.monotonic()
-    environ = {"REQUEST_METHOD": req.method, "PATH_INFO": req.path, "REMOTE_ADDR": _peer(addr)}
+    environ = access.request_environ(req, addr)
     problem = handshake_error(req)
     if problem is not None:
         status, message, headers = problem
@@ -158,7 +158,7 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
         worker.sessions.discard(session)
         access.log_request(environ, 101, session.sent, started)
         log.info("session from %s closed %s after %d message(s) in, %d out",
-                 _peer(addr), session.close_code, session.received, session.answered)
+                 environ["REMOTE_ADDR"], session.close_code, session.received, session.answered)
 
 
 # ---------------------------------------------------------------- a session
@@ -177,7 +177,7 @@ class Session:
         self.context = SessionContext(
             query=self.query,
             headers={name.lower(): value for name, value in req.headers},
-            peer=_peer(addr),
+            peer=access.peer(addr),
         )
         self.write_lock = Semaphore()
         self.inbound: _Inbound | None = None
@@ -669,8 +669,3 @@ def _item_payload(item, text: bool, line: bool = False):
     encoded = to_json(item) + (b"\n" if line else b"")
     return encoded.decode("utf-8") if text else encoded
 
-
-def _peer(addr) -> str:
-    if isinstance(addr, tuple) and addr:
-        return str(addr[0])
-    return str(addr or "-")

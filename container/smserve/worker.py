@@ -310,7 +310,7 @@ class GeventModelWorker(base.Worker):
         if direct is not None:
             # The hot path: answered without building a WSGI environ or werkzeug objects.
             resp = wsgi.Response(req, sender, self.cfg)
-            environ = _log_environ(req, addr)
+            environ = access.request_environ(req, addr)
             if req._expected_100_continue:
                 sender.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
         else:
@@ -485,17 +485,6 @@ def _joined_headers(req) -> dict[str, str]:
     for name, value in req.headers:
         headers[name] = f"{headers[name]},{value}" if name in headers else value
     return headers
-
-
-def _log_environ(req, addr) -> dict:
-    """What the access log reads from a WSGI environ, for a request answered directly."""
-    environ = {"REQUEST_METHOD": req.method, "PATH_INFO": req.path,
-               "REMOTE_ADDR": addr[0] if isinstance(addr, tuple) and addr else "-"}
-    for name, value in req.headers:
-        key = "HTTP_" + name.replace("-", "_")
-        if key in access.REQUEST_ID_KEYS:
-            environ[key] = value
-    return environ
 
 
 def _reason(status: int) -> str:
