@@ -16,6 +16,9 @@ MEDIA_TYPES = ("application/json", "text/csv", "application/jsonlines", "applica
 BATCH_STRATEGIES = ("SINGLE_RECORD", "MULTI_RECORD")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+AUTOCAST_MODES = ("off", "fp16", "bf16")
+# torch.compile's own mode names, plus off.
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # SageMaker's own bound on MaxConcurrentTransforms x MaxPayloadInMB for a job.
 MAX_TRANSFORM_BUDGET_MB = 100
 MB = 1024 * 1024
@@ -67,6 +70,10 @@ class Settings:
     codec_threads: int = 2
     torch_threads: int | None = None
     device: str = "auto"
+    # Mixed precision around the forward pass (torch.autocast), and torch.compile of
+    # the loaded module before its warm-up; both off unless asked for (model.py).
+    autocast: str = "off"
+    compile_mode: str = "off"
     log_level: str = "info"
     log_format: str = "text"
 
@@ -213,6 +220,8 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "codec_threads": (PREFIX + "CODEC_THREADS", _positive_int),
     "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),
     "device": (PREFIX + "DEVICE", _device),
+    "autocast": (PREFIX + "AUTOCAST", _one_of(AUTOCAST_MODES)),
+    "compile_mode": (PREFIX + "COMPILE", _one_of(COMPILE_MODES)),
     "log_level": (PREFIX + "LOG_LEVEL", _one_of(LOG_LEVELS)),
     "log_format": (PREFIX + "LOG_FORMAT", _one_of(LOG_FORMATS)),
 }

@@ -50,3 +50,23 @@ def test_an_invalid_value_names_its_variable(variable, value):
     with pytest.raises(SettingsError) as raised:
         Settings.from_env({variable: value})
     assert str(raised.value).startswith(variable)
+
+
+def test_autocast_and_compile_are_off_unless_asked_for():
+    s = Settings.from_env({})
+    assert (s.autocast, s.compile_mode) == ("off", "off")
+    s = Settings.from_env({"SMSERVE_AUTOCAST": "BF16", "SMSERVE_COMPILE": "Reduce-Overhead"})
+    assert (s.autocast, s.compile_mode) == ("bf16", "reduce-overhead")
+    assert Settings.from_env({"SMSERVE_AUTOCAST": "fp16", "SMSERVE_COMPILE": "max-autotune"}).compile_mode == "max-autotune"
+
+
+@pytest.mark.parametrize("variable, value, named", [
+    ("SMSERVE_AUTOCAST", "fp8", "off, fp16, bf16"),
+    ("SMSERVE_AUTOCAST", "true", "off, fp16, bf16"),
+    ("SMSERVE_COMPILE", "inductor", "reduce-overhead"),
+    ("SMSERVE_COMPILE", "on", "max-autotune"),
+])
+def test_autocast_and_compile_name_their_choices(variable, value, named):
+    with pytest.raises(SettingsError) as raised:
+        Settings.from_env({variable: value})
+    assert str(raised.value).startswith(variable) and named in str(raised.value)
