@@ -74,10 +74,17 @@ def direct_routes(server: ModelServer, settings: Settings) -> dict:
             out.append(("Content-Length", str(len(reply.body))))
         return 200, out, reply.body
 
+    def v2_infer(headers: dict[str, str], body: bytes, model: str, version: str | None) -> DirectAnswer:
+        metadata = _model_metadata(server, model, version)
+        header_length = v2.header_length_from_header(headers.get(v2.HEADER_LENGTH_HEADER.upper()), len(body))
+        inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
+        reply = protocols.v2_reply(server, inference, sagemaker=False)
+        return 200, [*reply.headers.items(), ("Content-Length", str(len(reply.body)))], reply.body
+
     def guarded(route):
-        def answer(method: str, path: str, headers: dict[str, str], body: bytes) -> DirectAnswer:
+        def answer(method: str, path: str, headers: dict[str, str], body: bytes, *where) -> DirectAnswer:
             try:
-                return route(headers, body)
+                return route(headers, body, *where)
             except HTTPError as e:
                 _log_error(method, path, e)
                 return _direct_error(e.message, e.status)
@@ -87,11 +94,38 @@ def direct_routes(server: ModelServer, settings: Settings) -> dict:
 
         return answer
 
-    return {
+    return DirectRoutes({
         ("GET", "/ping"): guarded(ping),
         ("POST", "/ping"): guarded(ping),
         ("POST", "/invocations"): guarded(invocations),
-    }
+    }, v2_infer=guarded(v2_infer))
+
+
+class DirectRoutes(dict):
+    """(method, path) -> the direct answer; KServe v2 inference too, whose path holds
+    the model's name (and version): `/v2/models/<model>[/versions/<version>]/infer`.
+    Any other path (a percent-encoded name included) is left to Flask's router."""
+
+    def __init__(self, routes: dict, v2_infer):
+        super().__init__(routes)
+        self.v2_infer = v2_infer
+
+    def get(self, key, default=None):
+        found = dict.get(self, key)
+        if found is not None:
+            return found
+        method, path = key
+        if method != "POST" or not path.startswith("/v2/models/") or not path.endswith("/infer") or "%" in path:
+            return default
+        parts = path.split("/")  # "", "v2", "models", model, ["versions", version,] "infer"
+        if len(parts) == 5 and parts[3]:
+            where = (parts[3], None)
+        elif len(parts) == 7 and parts[3] and parts[4] == "versions" and parts[5]:
+            where = (parts[3], parts[5])
+        else:
+            return default
+        v2_infer = self.v2_infer
+        return lambda method, path, headers, body: v2_infer(method, path, headers, body, *where)
 
 
 def _direct_error(message: str, status: int) -> DirectAnswer:
@@ -138,12 +172,7 @@ def _v2_routes(app: Flask, server: ModelServer, settings: Settings) -> None:
     """KServe v2 REST, so tritonclient.http.InferenceServerClient works unmodified."""
 
     def model_metadata(model: str, version: str | None) -> ModelMetadata:
-        metadata = server.metadata
-        if model != metadata.name:
-            raise NotFound(f"Request for unknown model: '{model}' is not found")
-        if version not in (None, "", metadata.version):
-            raise NotFound(f"Request for unknown model: '{model}' version {version} is not found")
-        return metadata
+        return _model_metadata(server, model, version)
 
     @app.get("/v2")
     def server_metadata():
@@ -182,6 +211,15 @@ def _v2_routes(app: Flask, server: ModelServer, settings: Settings) -> None:
         header_length = v2.header_length_from_header(request.headers.get(v2.HEADER_LENGTH_HEADER), len(body))
         inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
         return _response(protocols.v2_reply(server, inference, sagemaker=False))
+
+
+def _model_metadata(server: ModelServer, model: str, version: str | None) -> ModelMetadata:
+    metadata = server.metadata
+    if model != metadata.name:
+        raise NotFound(f"Request for unknown model: '{model}' is not found")
+    if version not in (None, "", metadata.version):
+        raise NotFound(f"Request for unknown model: '{model}' version {version} is not found")
+    return metadata
 
 
 def _json(value, status: int = 200, headers: dict | None = None) -> Response:

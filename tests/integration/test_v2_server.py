@@ -135,6 +135,29 @@ def test_unknown_model_is_404(echo_server):
     assert response.status_code == 404
 
 
+def test_every_infer_path_answers_as_the_model_route(example_server):
+    """The worker answers v2 inference without Flask's router; every path shape must
+    still mean what Flask's routes make it mean."""
+    url = example_server.url
+    body = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+    answers = []
+    for path in ("/v2/models/digits/infer", "/v2/models/digits/versions/1/infer",
+                 "/v2/models/dig%69ts/infer"):  # Flask's router decodes a percent-encoded name, as before
+        response = requests.post(url + path, json=body)
+        assert response.status_code == 200, (path, response.text)
+        assert response.headers["Content-Type"] == "application/json"
+        answers.append(response.json()["outputs"][0]["data"])
+    assert answers[0] == answers[1] == answers[2] and len(answers[0]) == 10
+    response = requests.post(url + "/v2/models/digits/versions/7/infer", json=body)
+    assert response.status_code == 404
+    assert response.json() == {"error": "Request for unknown model: 'digits' version 7 is not found"}
+    for path in ("/v2/models//infer", "/v2/models/digits/versions//infer", "/v2/models/digits/extra/infer",
+                 "/v2/models/digits/versions/1/2/infer"):
+        response = requests.post(url + path, json=body)
+        assert response.status_code in (404, 405), (path, response.status_code)
+        assert "error" in response.json(), path
+
+
 def test_server_metadata_and_health(echo_server):
     meta = requests.get(echo_server.url + "/v2").json()
     assert "binary_tensor_data" in meta["extensions"] and meta["name"]
