@@ -137,7 +137,7 @@ class Client:
             headers[name.strip().lower()] = value.strip()
         status = int(lines[0].split()[1])
         if headers.get("transfer-encoding", "").lower() == "chunked":
-            body = b""
+            chunks = []  # joined once: growing one bytes object per chunk is quadratic
             while True:
                 while b"\r\n" not in self.buf:
                     self._recv()
@@ -145,9 +145,10 @@ class Client:
                 size = int(line.split(b";")[0], 16)
                 while len(self.buf) < size + 2:
                     self._recv()
-                body, self.buf = body + self.buf[:size], self.buf[size + 2:]
+                chunks.append(self.buf[:size])
+                self.buf = self.buf[size + 2:]
                 if size == 0:
-                    return status, headers, body
+                    return status, headers, b"".join(chunks)
         need = int(headers.get("content-length", "0"))
         while len(self.buf) < need:
             self._recv()
