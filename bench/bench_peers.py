@@ -1,7 +1,19 @@
 r"""Throughput side by side: our server against a bare Flask handler and PyTriton (issue 11).
 
-    .venv/bin/python bench/bench_peers.py [--seconds 8] [--rounds 2] [--pin] [--no-triton]
-        [--pytriton-python /tmp/pytriton_venv/bin/python]
+    .venv/bin/python bench/bench_peers.py [--scenario protocols|compute|cores] [--seconds 8]
+        [--rounds 2] [--pin] [--no-triton] [--pytriton-python /tmp/pytriton_venv/bin/python]
+
+Scenarios (each prints one table):
+  protocols (default)  the rows below, at batch 1 and 256, concurrency 16;
+  compute              a compute-bound MLP 64->3072->3072->16 at batch 1, concurrency 64: ours
+                       with dynamic batching, ours without (SMSERVE_MAX_BATCH_SIZE=1), the bare
+                       handler, PyTriton's dynamic batcher;
+  cores                batch 1 at concurrency 32: ours with 1 worker pinned to core 0 (hey on
+                       core 1) against ours with 2 workers on both cores, the bare handler with
+                       2 workers and PyTriton, unpinned. The "req/cpu-s" column (requests per
+                       CPU-second of the server's processes) says whether the work per request
+                       stays the same with more workers, which a 2-core machine that also runs
+                       hey cannot show in req/s alone.
 
 Builds one TorchScript MLP (64->256->16, torch.jit.trace) into a temporary model dir
 and serves it, all at once, from
@@ -121,9 +133,14 @@ with Triton(config=config) as triton:
 # ---------------------------------------------------------------- the model
 
 
-def build_model(model_dir: Path) -> torch.jit.ScriptModule:
+def build_model(model_dir: Path, hidden: tuple[int, ...] = (HIDDEN,)) -> torch.jit.ScriptModule:
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(IN_DIM, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT_DIM)).eval()
+    layers: list = []
+    width = IN_DIM
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, OUT_DIM)).eval()
     traced = torch.jit.trace(net, torch.zeros(2, IN_DIM))
     model_dir.mkdir(parents=True)
     torch.jit.save(traced, str(model_dir / "model.pt"))
@@ -171,6 +188,8 @@ class Case:
         self.url, self.body, self.headers, self.decode = url, body, headers, decode
         self.rounds: list[dict] = []
         self.correct: str = "?"
+        self.session: int | None = None  # the server's session id: its CPU time is summed
+        self.hey_core: int | None = None  # taskset hey to this core
 
     @property
     def label(self) -> str:
@@ -219,6 +238,21 @@ def check(case: Case, expected: np.ndarray) -> None:
 # ---------------------------------------------------------------- load
 
 
+def session_cpu_seconds(session: int | None) -> float:
+    """User + system CPU seconds of every live process in a session (a server's tree)."""
+    if session is None:
+        return float("nan")
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:  # fields after "(comm)": state ppid pgrp session ...
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def hey(case: Case, seconds: float, concurrency: int, workdir: Path, pin: bool) -> dict:
     body = workdir / "body.bin"
     body.write_bytes(case.body)
@@ -227,17 +261,20 @@ def hey(case: Case, seconds: float, concurrency: int, workdir: Path, pin: bool) 
            "-T", headers.pop("Content-Type"), "-D", str(body)]
     for name, value in headers.items():
         cmd += ["-H", f"{name}: {value}"]
-    if pin:
-        cmd = ["taskset", "-c", "1"] + cmd
+    core = 1 if pin else case.hey_core
+    if core is not None:
+        cmd = ["taskset", "-c", str(core)] + cmd
+    cpu_before = session_cpu_seconds(case.session)
     # hey's summary, not -o csv: the csv leaves out connection errors.
     out = subprocess.run(cmd + [case.url], capture_output=True, text=True, check=True).stdout
+    cpu = session_cpu_seconds(case.session) - cpu_before
     statuses = {int(code): int(n) for code, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
     errors = sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]\s", out.split("Error distribution:")[1], re.M)) \
         if "Error distribution:" in out else 0
     latency = {p: float(v) * 1000 for p, v in re.findall(r"(\d+)% in ([\d.]+) secs", out)}
     return {"n": sum(statuses.values()), "elapsed": float(re.search(r"Total:\s+([\d.]+) secs", out).group(1)),
             "p50": latency.get("50", float("nan")), "p99": latency.get("99", float("nan")),
-            "non200": sum(n for code, n in statuses.items() if code != 200), "errors": errors}
+            "non200": sum(n for code, n in statuses.items() if code != 200), "errors": errors, "cpu": cpu}
 
 
 # ---------------------------------------------------------------- servers
@@ -304,13 +341,13 @@ def one_thread_env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def start_peer(model_dir: Path, work: Path) -> PeerProcess:
+def start_peer(model_dir: Path, work: Path, workers: int = 1, label: str = "flask") -> PeerProcess:
     (work / "peer_app.py").write_text(PEER_APP)
     port = free_port()
     gunicorn = str(Path(sys.executable).with_name("gunicorn"))
-    return PeerProcess([gunicorn, "-k", "gevent", "-w", "1", "-b", f"127.0.0.1:{port}", "peer_app:app"],
+    return PeerProcess([gunicorn, "-k", "gevent", "-w", str(workers), "-b", f"127.0.0.1:{port}", "peer_app:app"],
                        {**one_thread_env(), "PEER_MODEL_DIR": str(model_dir)}, f"http://127.0.0.1:{port}",
-                       "/ping", work / "peer.log", work).start()
+                       "/ping", work / f"{label}.log", work).start()
 
 
 def triton_env() -> dict:
@@ -324,25 +361,29 @@ def pytriton_importable(python: str, env: dict) -> bool:
     return subprocess.run([python, "-c", "import pytriton.triton, torch"], env=env, capture_output=True).returncode == 0
 
 
-def start_triton(python: str, model_dir: Path, work: Path, env: dict) -> PeerProcess:
+def start_triton(python: str, model_dir: Path, work: Path, env: dict, label: str = "pytriton") -> PeerProcess:
     (work / "triton_app.py").write_text(TRITON_APP)
     ports = [free_port() for _ in range(3)]
     env = {**env, "PEER_MODEL_DIR": str(model_dir)}
     return PeerProcess([python, str(work / "triton_app.py"), *map(str, ports)], env, f"http://127.0.0.1:{ports[0]}",
-                       f"/v2/models/{MODEL_NAME}/ready", work / "triton.log", work).start(180)
+                       f"/v2/models/{MODEL_NAME}/ready", work / f"{label}.log", work).start(180)
 
 
 # ---------------------------------------------------------------- report
 
 
 def summary(case: Case) -> dict:
-    """req/s over all rounds; p50: the median round's; p99: the worst round's."""
+    """req/s over all rounds; p50: the median round's; p99: the worst round's; req per
+    CPU-second of the server's processes (how well its work scales with cores)."""
     n = sum(r["n"] for r in case.rounds)
     elapsed = sum(r["elapsed"] for r in case.rounds)
+    cpu = sum(r["cpu"] for r in case.rounds)
     return {"rps": n / elapsed if elapsed else float("nan"),
             "rounds": [r["n"] / r["elapsed"] for r in case.rounds],
             "p50": float(np.median([r["p50"] for r in case.rounds])) if case.rounds else float("nan"),
             "p99": max((r["p99"] for r in case.rounds), default=float("nan")),
+            "per_cpu": n / cpu if cpu and cpu == cpu else float("nan"),
+            "cores_busy": cpu / elapsed if elapsed else float("nan"),
             "non200": sum(r["non200"] for r in case.rounds), "errors": sum(r["errors"] for r in case.rounds)}
 
 
@@ -350,41 +391,203 @@ def ratio(a: float, b: float | None) -> str:
     return f"{a / b:5.2f}x" if b else "    -"
 
 
-def report(cases: list[Case], args, triton_note: str) -> None:
+def report(cases: list[Case], args, title: str, notes: list[str], baselines: dict[str, tuple]) -> None:
+    """One table; `baselines` names the columns of ratios: title -> (server, protocol)."""
     print()
-    print(f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM} TorchScript, one worker and one torch thread per server; hey -c "
-          f"{args.concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
-          f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; our log level {args.log_level}")
-    if triton_note:
-        print(f"PyTriton: {triton_note}")
+    print(title)
+    for note in notes:
+        print(note)
     stats = {(c.server, c.protocol, c.batch): summary(c) for c in cases}
-    header = (f"{'server, protocol':24} {'batch':>5} {'req/s':>7} {'per round':>15} {'p50 ms':>7} {'p99 ms':>7} "
-              f"{'non-200':>9} {'vs flask':>8} {'vs triton':>9}  answer")
+    header = (f"{'server, protocol':28} {'batch':>5} {'req/s':>7} {'per round':>15} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'cores':>5} {'req/cpu-s':>9} {'non-200':>8} "
+              + " ".join(f"{'vs ' + name:>10}" for name in baselines) + "  answer")
     print(header)
     print("-" * len(header))
-    for c in sorted(cases, key=lambda c: (c.batch, ["ours", "flask", "pytriton"].index(c.server))):
+    for c in cases:
         s = stats[(c.server, c.protocol, c.batch)]
-        flask = stats.get(("flask", "npy", c.batch), {}).get("rps")
-        triton = stats.get(("pytriton", "v2 binary", c.batch), {}).get("rps")
         per_round = "/".join(f"{v:.0f}" for v in s["rounds"])
         bad = f"{s['non200']}" + (f"+{s['errors']}e" if s["errors"] else "")
-        print(f"{c.label:24} {c.batch:5} {s['rps']:7.0f} {per_round:>15} {s['p50']:7.1f} {s['p99']:7.1f} "
-              f"{bad:>9} {ratio(s['rps'], flask):>8} {ratio(s['rps'], triton):>9}  {c.correct}")
+        vs = " ".join(f"{ratio(s['rps'], stats.get((*base, c.batch), {}).get('rps')):>10}"
+                      for base in baselines.values())
+        print(f"{c.label:28} {c.batch:5} {s['rps']:7.0f} {per_round:>15} {s['p50']:7.1f} {s['p99']:7.1f} "
+              f"{s['cores_busy']:5.2f} {s['per_cpu']:9.0f} {bad:>8} {vs}  {c.correct}")
     print("req/s: all rounds together; per round: each round's req/s; p50: the median round's, p99: the worst "
-          "round's;\nnon-200: answers that were not 200 (+Ne: connection errors); vs flask / vs triton: req/s "
-          "over the bare Flask npy peer / PyTriton v2 binary at the same batch; answer: the check before the load.")
+          "round's;\ncores: the server's CPU-seconds per second (all its processes); req/cpu-s: requests per "
+          "CPU-second of the server;\nnon-200: answers that were not 200 (+Ne: connection errors); vs X: req/s over "
+          "X's at the same batch; answer: the check before the load.")
+
+
+# ---------------------------------------------------------------- servers of a scenario
+
+
+class Bench:
+    """Starts servers, collects cases, runs them interleaved, stops the servers."""
+
+    def __init__(self, args, work: Path, model_dir: Path):
+        self.args, self.work, self.model_dir = args, work, model_dir
+        self.started: list = []
+        self.cases: list[Case] = []
+        self.notes: list[str] = []
+
+    def ours(self, label: str, protocols: list[str], x: dict, *, workers: int = 1, core: int | None = None,
+             hey_core: int | None = None, env: dict | None = None) -> None:
+        with pinned(core):
+            server = ServerProcess(self.model_dir, {
+                "SMSERVE_LOG_LEVEL": self.args.log_level, "SMSERVE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
+                "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers), **(env or {})}, log_path=self.work / f"{label}.log")
+            self.started.append(server)
+            server.start()
+        self._add(cases_for(label, server.url, protocols, x), server.proc.pid, hey_core)
+
+    def flask(self, label: str, x: dict, *, workers: int = 1, core: int | None = None,
+              hey_core: int | None = None) -> None:
+        with pinned(core):
+            peer = start_peer(self.model_dir, self.work, workers, label)
+        self.started.append(peer)
+        self._add(cases_for(label, peer.url, ["npy"], x), peer.proc.pid, hey_core)
+
+    def triton(self, label: str, x: dict, *, core: int | None = None, hey_core: int | None = None) -> None:
+        if self.args.no_triton:
+            self.notes.append("PyTriton: skipped (--no-triton)")
+            return
+        env = triton_env()
+        if not pytriton_importable(self.args.pytriton_python, env):
+            self.notes.append(f"PyTriton: not importable by {self.args.pytriton_python}, skipped; "
+                              "see --pytriton-python")
+            return
+        try:
+            with pinned(core):
+                peer = start_triton(self.args.pytriton_python, self.model_dir, self.work, env, label)
+        except Exception as e:  # noqa: BLE001 - the rest of the table still stands
+            self.notes.append(f"PyTriton: did not start, skipped ({type(e).__name__}: {str(e)[-300:]!r})")
+            return
+        self.started.append(peer)
+        self._add(cases_for(label, peer.url, ["v2 binary"], x), peer.proc.pid, hey_core)
+
+    def _add(self, cases: list[Case], session: int, hey_core: int | None) -> None:
+        for c in cases:
+            c.session, c.hey_core = session, hey_core
+        self.cases += cases
+
+    def run(self, expected: dict, concurrency: int) -> None:
+        """Check every case's answer, warm up, then the interleaved rounds."""
+        args = self.args
+        self.cases.sort(key=lambda c: c.batch)  # stable: batch 1 cases of every server, then the next batch
+        for c in self.cases:
+            check(c, expected[c.batch])
+            print(f"check {c.label:28} batch {c.batch:3}: {c.correct}", flush=True)
+        if args.warmup > 0:
+            for c in self.cases:
+                hey(c, args.warmup, concurrency, self.work, args.pin)
+        for r in range(args.rounds):
+            for c in self.cases:
+                c.rounds.append(hey(c, args.seconds, concurrency, self.work, args.pin))
+                s = c.rounds[-1]
+                print(f"round {r + 1} {c.label:28} batch {c.batch:3}: {s['n'] / s['elapsed']:7.0f} req/s", flush=True)
+
+    def stop(self) -> None:
+        for server in reversed(self.started):
+            server.terminate()
+
+
+def inputs_and_answers(model, batches: tuple[int, ...]) -> tuple[dict, dict]:
+    rng = np.random.default_rng(0)
+    x = {b: rng.standard_normal((b, IN_DIM)).astype(np.float32) for b in batches}
+    with torch.no_grad():
+        expected = {b: model(torch.from_numpy(v)).numpy() for b, v in x.items()}
+    return x, expected
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def protocols_scenario(args, work: Path) -> None:
+    """Every protocol at batch 1 and 256 against the bare handler and PyTriton."""
+    model_dir = work / "model"
+    x, expected = inputs_and_answers(build_model(model_dir), (1, MAX_BATCH))
+    core = 0 if args.pin else None
+    bench = Bench(args, work, model_dir)
+    try:
+        bench.ours("ours", ["npy", "json", "v2 binary"], x, core=core)
+        bench.flask("flask", x, core=core)
+        bench.triton("pytriton", x, core=core)
+        bench.run(expected, args.concurrency)
+    finally:
+        bench.stop()
+    report(bench.cases, args,
+           f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM} TorchScript, one worker and one torch thread per server; hey -c "
+           f"{args.concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
+           f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; our log level {args.log_level}",
+           bench.notes, {"flask": ("flask", "npy"), "triton": ("pytriton", "v2 binary")})
+
+
+def compute_scenario(args, work: Path) -> None:
+    """A compute-bound model at batch 1 and high concurrency: what dynamic batching buys."""
+    model_dir = work / "model"
+    hidden = (3072, 3072)
+    x, expected = inputs_and_answers(build_model(model_dir, hidden), (1,))
+    core = 0 if args.pin else None
+    concurrency = args.concurrency if args.concurrency_set else 64
+    bench = Bench(args, work, model_dir)
+    try:
+        bench.ours("ours, batching", ["v2 binary"], x, core=core)
+        bench.ours("ours, no batching", ["v2 binary"], x, core=core, env={"SMSERVE_MAX_BATCH_SIZE": "1"})
+        bench.flask("flask", x, core=core)
+        bench.triton("pytriton", x, core=core)
+        bench.run(expected, concurrency)
+    finally:
+        bench.stop()
+    report(bench.cases, args,
+           f"MLP {IN_DIM}->{'->'.join(map(str, hidden))}->{OUT_DIM} TorchScript (compute-bound), one worker and one "
+           f"torch thread per server; hey -c {concurrency}, {args.seconds:g}s x {args.rounds} rounds; "
+           f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}",
+           bench.notes + ["ours, batching: max batch 256, no added delay (a pass takes what queued while the last "
+                          "one ran); PyTriton: default DynamicBatcher, max_batch_size 256"],
+           {"no batch": ("ours, no batching", "v2 binary"), "triton": ("pytriton", "v2 binary")})
+
+
+def cores_scenario(args, work: Path) -> None:
+    """Batch 1 on one core and on both: how the front end scales with the cores."""
+    if len(os.sched_getaffinity(0)) < 2:
+        sys.exit("--scenario cores needs two usable cores")
+    model_dir = work / "model"
+    x, expected = inputs_and_answers(build_model(model_dir), (1,))
+    concurrency = args.concurrency if args.concurrency_set else 32
+    bench = Bench(args, work, model_dir)
+    try:
+        bench.ours("ours, 1 worker, core 0", ["v2 binary", "npy"], x, core=0, hey_core=1)
+        bench.ours("ours, 2 workers, 2 cores", ["v2 binary", "npy"], x, workers=2)
+        bench.flask("flask, 2 workers, 2 cores", x, workers=2)
+        bench.triton("pytriton, 2 cores", x)
+        bench.run(expected, concurrency)
+    finally:
+        bench.stop()
+    report(bench.cases, args,
+           f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM}, batch 1, one torch thread per worker; hey -c {concurrency}, "
+           f"{args.seconds:g}s x {args.rounds} rounds. '1 worker, core 0': server pinned to core 0, hey to core 1; "
+           "the rest unpinned (hey shares the two cores with the server)",
+           bench.notes, {"1 core": ("ours, 1 worker, core 0", "v2 binary"),
+                         "triton": ("pytriton, 2 cores", "v2 binary")})
 
 
 # ---------------------------------------------------------------- main
 
 
+SCENARIOS = {"protocols": protocols_scenario, "compute": compute_scenario, "cores": cores_scenario}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=SCENARIOS, default="protocols",
+                        help="protocols (default): every protocol at batch 1 and 256; compute: a compute-bound "
+                             "model at -c 64, what dynamic batching buys; cores: batch 1 on one core and on two")
     parser.add_argument("--seconds", type=float, default=8, help="hey's duration per case per round")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (A, B, C, A, B, C, ...)")
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="hey -c (default 16; 64 for compute, 32 for cores)")
     parser.add_argument("--warmup", type=float, default=1, help="seconds of hey per case before the rounds")
-    parser.add_argument("--pin", action="store_true", help="servers on core 0, hey on core 1 (taskset)")
+    parser.add_argument("--pin", action="store_true", help="servers on core 0, hey on core 1 (taskset); "
+                        "not for --scenario cores, which pins its one-core case itself")
     parser.add_argument("--no-triton", action="store_true", help="skip PyTriton even when it is installed")
     parser.add_argument("--pytriton-python", default=os.environ.get("PYTRITON_PYTHON", sys.executable),
                         help="an interpreter that imports pytriton and torch (default $PYTRITON_PYTHON, else "
@@ -392,65 +595,21 @@ def main() -> None:
     parser.add_argument("--log-level", default="warning",
                         help="our server's SMSERVE_LOG_LEVEL (info writes an access line per request)")
     args = parser.parse_args()
+    args.concurrency_set = args.concurrency is not None
+    if args.concurrency is None:
+        args.concurrency = 16
     if shutil.which("hey") is None:
         sys.exit("bench_peers needs hey: apt-get install -y hey")
-    if args.pin and (shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2):
-        sys.exit("--pin needs taskset and two usable cores")
-
+    if (args.pin or args.scenario == "cores") and (shutil.which("taskset") is None
+                                                   or len(os.sched_getaffinity(0)) < 2):
+        sys.exit("pinning needs taskset and two usable cores")
+    if args.pin and args.scenario == "cores":
+        sys.exit("--scenario cores pins its one-core case itself; drop --pin")
     work = Path(tempfile.mkdtemp(prefix="bench_peers_"))
-    model_dir = work / "model"
-    model = build_model(model_dir)
-    rng = np.random.default_rng(0)
-    x = {b: rng.standard_normal((b, IN_DIM)).astype(np.float32) for b in (1, MAX_BATCH)}
-    with torch.no_grad():
-        expected = {b: model(torch.from_numpy(v)).numpy() for b, v in x.items()}
-
-    core = 0 if args.pin else None
-    started: list = []
-    triton_note = ""
     try:
-        with pinned(core):
-            ours = ServerProcess(model_dir, {"SMSERVE_LOG_LEVEL": args.log_level, "SMSERVE_TORCH_THREADS": "1",
-                                             "OMP_NUM_THREADS": "1"}, log_path=work / "ours.log")
-            started.append(ours)
-            ours.start()
-            started.append(start_peer(model_dir, work))
-        cases = cases_for("ours", ours.url, ["npy", "json", "v2 binary"], x)
-        cases += cases_for("flask", started[1].url, ["npy"], x)
-        if args.no_triton:
-            triton_note = "skipped (--no-triton)"
-        else:
-            env = triton_env()
-            if not pytriton_importable(args.pytriton_python, env):
-                triton_note = (f"pytriton (or torch) not importable by {args.pytriton_python}, skipped; see "
-                               "--pytriton-python")
-            else:
-                try:
-                    with pinned(core):
-                        triton = start_triton(args.pytriton_python, model_dir, work, env)
-                    started.append(triton)
-                    cases += cases_for("pytriton", triton.url, ["v2 binary"], x)
-                    triton_note = "default DynamicBatcher, max_batch_size 256"
-                except Exception as e:  # noqa: BLE001 - the rest of the table still stands
-                    triton_note = f"did not start, skipped ({type(e).__name__}: {str(e)[-300:]!r})"
-        # Interleave: batch 1 cases of every server, then batch 256, then again.
-        cases.sort(key=lambda c: (c.batch, ["ours", "flask", "pytriton"].index(c.server)))
-        for c in cases:
-            check(c, expected[c.batch])
-            print(f"check {c.label:24} batch {c.batch:3}: {c.correct}", flush=True)
-        if args.warmup > 0:
-            for c in cases:
-                hey(c, args.warmup, args.concurrency, work, args.pin)
-        for r in range(args.rounds):
-            for c in cases:
-                c.rounds.append(hey(c, args.seconds, args.concurrency, work, args.pin))
-                s = c.rounds[-1]
-                print(f"round {r + 1} {c.label:24} batch {c.batch:3}: {s['n'] / s['elapsed']:7.0f} req/s", flush=True)
+        SCENARIOS[args.scenario](args, work)
     finally:
-        for server in reversed(started):
-            server.terminate()
         shutil.rmtree(work, ignore_errors=True)
-    report(cases, args, triton_note)
 
 
 if __name__ == "__main__":
