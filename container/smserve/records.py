@@ -9,6 +9,7 @@ body. Text carries finite numbers only (see simple.py's header for the rules).
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import re
 from collections.abc import Iterator
@@ -37,6 +38,9 @@ _FINITE = re.compile(r"[ \t]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+
 _NON_FINITE = re.compile(r"\s*[+-]?(?:nan|inf|infinity)\s*", re.IGNORECASE)
 # Bytes of a JSON text that holds only numbers, commas, brackets and whitespace.
 _NUMERIC_JSON_BYTES = b"0123456789+-.eE,[]" + _WHITESPACE
+# Bytes only a string ("), an object ({) or null, true or false (n, t, f) holds: a JSON
+# text orjson has parsed without any of them holds only lists and numbers.
+_NOT_NUMERIC_JSON = (b'"', b"{", b"n", b"t", b"f")
 _RECORDS_START = re.compile(rb'\s*(?:\{\s*"(' + b"|".join(k.encode() for k in RECORD_KEYS) + rb')"\s*:\s*)?\[')
 
 
@@ -249,9 +253,11 @@ def parse(body: bytes, where: str = "request body"):
 
 
 def parse_document(body: bytes, where: str = "request body", size: int | None = None):
-    """Like parse(), but a big document that is only a list of numeric records (bare,
-    or the one member of {"instances"|"inputs"|"features"|"data": [...]}) is parsed
-    slice by slice and its records come back as one float64 array.
+    """Like parse(), but a document that is only a non-empty list of numeric records
+    (bare, or the one member of {"instances"|"inputs"|"features"|"data": [...]}) comes
+    back with its records as one float64 array: a big one parsed slice by slice, a
+    smaller one in one call and converted at once, without a type check per record
+    (its bytes show it holds no string, object, null or true/false).
 
     Limit: records holding any string, object, null or true/false (one `"` or letter
     is enough) are parsed in one call, as is a malformed or ragged body (to report its
@@ -262,7 +268,46 @@ def parse_document(body: bytes, where: str = "request body", size: int | None = 
         if found is not None:
             key, array = found
             return array if key is None else {key: array}
-    return parse(body, where)
+    document = parse(body, where)
+    found = _numeric_document(body, document)
+    return document if found is None else found
+
+
+def _numeric_document(body: bytes, document):
+    """`document` (parsed from `body`) with its records as one float64 array, or None
+    when they may hold anything but lists and numbers, or are empty, ragged or too
+    deep for numpy: the record-by-record path (simple.py) then judges them, and names
+    the error. An empty list is left alone: {"inputs": []} is a KServe v2 request."""
+    start = _RECORDS_START.match(body)
+    if start is None:
+        return None
+    at = start.end()
+    if any(body.find(byte, at) >= 0 for byte in _NOT_NUMERIC_JSON):
+        return None
+    key = start.group(1).decode() if start.group(1) else None
+    # With no '"' after the key, the object has no other member (orjson has parsed it).
+    values = document if key is None else document[key]
+    if type(values) is not list or not values:
+        return None
+    try:
+        array = _float64(values)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return array if key is None else {key: array}
+
+
+def _float64(values: list) -> np.ndarray:
+    """np.array(values, dtype=np.float64), a fifth faster for the usual records, flat
+    lists of numbers of one length (ValueError when they are ragged or not numbers)."""
+    if values and type(values[0]) is list and set(map(type, values)) == {list}:
+        width = len(values[0])
+        if width and set(map(len, values)) == {width}:
+            flat = itertools.chain.from_iterable(values)
+            try:
+                return np.fromiter(flat, np.float64, len(values) * width).reshape(len(values), width)
+            except (ValueError, TypeError):
+                pass  # a record holds lists: numpy judges the shape
+    return np.array(values, dtype=np.float64)
 
 
 def _numeric_records(body: bytes, size: int):
@@ -280,8 +325,8 @@ def _numeric_records(body: bytes, size: int):
     parts = []
     for a, b in zip(cuts, cuts[1:]):
         try:
-            parts.append(np.array(orjson.loads(b"[" + body[a + 1 : b] + b"]"), dtype=np.float64))
-        except (orjson.JSONDecodeError, ValueError):
+            parts.append(_float64(orjson.loads(b"[" + body[a + 1 : b] + b"]")))
+        except (orjson.JSONDecodeError, ValueError, TypeError, OverflowError):
             return None  # the one-shot parse names the error
         if parts[-1].shape[1:] != parts[0].shape[1:]:
             return None

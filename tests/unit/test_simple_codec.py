@@ -6,8 +6,11 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
-from smserve import simple
+from smserve import records, simple, v2
 from smserve.errors import BadRequest, NotAcceptable
 from smserve.metadata import ModelMetadata, TensorSpec
 
@@ -244,3 +247,156 @@ def test_every_output_shape_and_dtype_encodes(shape, dtype):
         assert csv.count(b"\n") == shape[0]
     body, _ = simple.encode({"p": array}, "application/x-npy")
     np.testing.assert_array_equal(np.load(io.BytesIO(body)), array)
+
+
+# --------------------------------------------------------------------------------------
+# JSON records of numbers only take a fast path (no type check per record, one
+# conversion): its arrays and errors must be those of the record-by-record path.
+
+
+def _any_shape(datatype):
+    """One unbatched input that takes any shape, so the conversion alone is judged."""
+    return ModelMetadata(name="any", inputs=(TensorSpec("x", datatype, ()),))
+
+
+FAST_MODELS = [DIGITS, IMAGES, _any_shape("FP32"), _any_shape("FP64"), _any_shape("FP16"), _any_shape("INT64"),
+               _any_shape("UINT8"), _any_shape("BOOL"), TWO]
+
+
+def outcome(fn, *args):
+    try:
+        return "ok", fn(*args)
+    except BadRequest as e:
+        return "error", e.message
+
+
+def record_by_record(body: bytes, metadata):
+    """The path every JSON body took before the fast path: parse, then check and convert."""
+    return simple.decode_json(records.parse(body), metadata)
+
+
+def assert_same_as_record_by_record(body: bytes, metadata):
+    fast = outcome(simple.decode, body, "application/json", metadata)
+    slow = outcome(record_by_record, body, metadata)
+    assert fast[0] == slow[0], (body[:80], fast, slow)
+    if fast[0] == "error":
+        assert fast[1] == slow[1]
+        return
+    assert fast[1].keys() == slow[1].keys()
+    for name, array in fast[1].items():
+        assert array.dtype == slow[1][name].dtype and array.shape == slow[1][name].shape
+        assert array.tobytes() == slow[1][name].tobytes()  # -0.0 and every bit alike
+
+
+FAST_BODIES = [
+    b"[[1, 2, 3, 4], [5, 6, 7, 8]]",
+    b'{"instances": [[1, 2, 3, 4], [5, 6, 7, 8]]}',
+    b' { "data" :\n[[1,2,3,4]] } ',
+    b"[1, 2, 3, 4]",
+    b"[[-0.0, -0, 0.0, 0]]",
+    b"[[1e5, 1E+5, -2.5e-3, 1e-50]]",  # exponents; 1e-50 is 0 in FP32 and FP16
+    b"[[3e38, -3.4028234663852886e38, 3.402823669209385e38, 1]]",  # FP32's largest, and one that rounds up to inf
+    b"[[1e39, 2, 3, 4]]",
+    b"[[-1e39, 2, 3, 4]]",
+    b"[[1e308, 2, 3, 4]]",
+    b"[[340282366920938463463374607431768211456, 2, 3, 4]]",  # 2**128: an integer beyond FP32
+    b"[[18446744073709551615, 9223372036854775807, -9223372036854775808, 9007199254740993]]",
+    b"[[18446744073709551616, -9223372036854775809, 1, 2]]",  # beyond 64 bits: orjson reads floats
+    b"[[65504, 65520, 1, 2]]",  # FP16's largest, and one that rounds to inf
+    b"[[1, 2, 3, 4.5]]",
+    b"[[0, 1, 1, 0]]",
+    b"[[1, 2], [3, 4]]",
+    b"[[[1, 2], [3, 4]], [[5, 6], [7, 8]]]",
+    b"[[[1, 2], [3, 4]]]",
+    b"[[1, 2, 3, 4], [5, 6, 7]]",
+    b"[[1, [2], 3, 4], [5, 6, 7, 8]]",
+    b"[[1, 2, 3, 4], 5]",
+    b"[5, [1, 2, 3, 4]]",
+    b"[[], []]",
+    b"[[]]",
+    b"[]",
+    b'{"instances": []}',
+    b"[[1, 2, 3, 4], []]",
+    b"5",
+    b'{"instances": 5}',
+    b"[" * 70 + b"1" + b"]" * 70,
+    b"[" * 120 + b"1" + b"]" * 120,
+    # Not numbers only: the record-by-record path names the culprit.
+    b"[[1, 2, 3, null]]",
+    b"[[1, 2, true, 4]]",
+    b"[[1, false, 3, 4]]",
+    b'[[1, 2, 3, "4"]]',
+    b"[[1, 2, 3, {}]]",
+    b'{"instances": [[1, 2, 3, 4]], "data": [[1, 2, 3, 4]]}',
+    b'{"x": 1, "instances": [[1, 2, 3, 4]]}',
+    b'{"instances": [{}]}',
+    b'{"inputs": {"a": [[1, 2]], "b": [[3]]}}',
+    b'{"instances": [{"a": [1, 2], "b": [3]}]}',
+    # Numeric-looking, but not JSON.
+    b"[1,,2]",
+    b"[01]",
+    b"[1.]",
+    b"[.5]",
+    b"[+1]",
+    b"[1e]",
+    b"[-]",
+    b"[NaN]",
+    b"[1e999]",
+    b"[[1, 2, 3, 4]] ]",
+    b"[[1, 2, 3, 4]] [5]",
+    b'{"instances": [[1, 2, 3, 4]], }',
+    b'{"instances": [[1, 2, 3, 4]]',
+]
+
+
+@pytest.mark.parametrize("metadata", FAST_MODELS, ids=lambda m: f"{m.name}-{m.inputs[0].datatype}")
+@pytest.mark.parametrize("body", FAST_BODIES)
+def test_numeric_json_fast_path_matches_the_record_by_record_path(body, metadata):
+    assert_same_as_record_by_record(body, metadata)
+
+
+@pytest.mark.parametrize("body, array", [
+    (b'{"instances": [[1, 2], [3, 4]]}', {"instances": [[1, 2], [3, 4]]}),
+    (b"[[1, 2], [3, 4]]", [[1, 2], [3, 4]]),
+    (b"[1, 2.5]", [1, 2.5]),
+    (b"[[[1], [2]]]", [[[1], [2]]]),
+])
+def test_numeric_json_comes_back_as_one_array(body, array):
+    document = simple.parse_json(body)
+    got = document["instances"] if isinstance(document, dict) else document
+    assert isinstance(got, np.ndarray) and got.dtype == np.float64
+    np.testing.assert_array_equal(got, array["instances"] if isinstance(array, dict) else array)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"inputs": []}',  # a KServe v2 request with no inputs, not simple JSON
+    b"[]",
+    b"[[1, 2], [3]]",
+    b"[[1, null]]",
+    b'{"instances": [[1, 2]], "data": 1}',
+    b"[" * 70 + b"1" + b"]" * 70,  # deeper than numpy goes
+])
+def test_other_json_is_left_to_the_record_by_record_path(body):
+    assert simple.parse_json(body) == records.parse(body)
+
+
+def test_an_empty_inputs_list_is_still_a_v2_request():
+    assert v2.is_v2_document(simple.parse_json(b'{"inputs": []}'))
+
+
+def test_fp32_overflow_in_the_fast_path_is_the_usual_400():
+    with pytest.raises(BadRequest, match=r"^input 'pixels': a value is out of range for FP32$"):
+        decode(b'{"instances": [[1, 2, 3, 4], [5, 6, 7, 1e39]]}', "application/json")
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=5),
+                  elements=st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                                     st.integers(-(2**70), 2**70).map(float), st.sampled_from([-0.0, 1e39, 65520.0]))),
+       st.sampled_from(FAST_MODELS), st.sampled_from([None, "instances", "features"]), st.booleans())
+def test_numeric_json_fast_path_matches_on_any_records(array, metadata, key, as_ints):
+    listed = array.tolist()
+    if as_ints:  # integers as JSON integers where they are whole, as clients write them
+        listed = json.loads(json.dumps(listed), parse_float=lambda s: int(float(s)) if float(s).is_integer() else float(s))
+    body = json.dumps(listed if key is None else {key: listed}).encode()  # (orjson stops at 64-bit integers)
+    assert_same_as_record_by_record(body, metadata)
