@@ -25,6 +25,8 @@ from .errors import BadRequest, HTTPError, ServerError
 log = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray]
+# (input name, the requests' arrays) -> one array, concatenated along dimension 0.
+Stage = Callable[[str, list[np.ndarray]], np.ndarray]
 # A real lock: model code runs on real threads, which must block on it without the hub.
 _RealLock = monkey.get_original("threading", "Lock")
 
@@ -52,6 +54,7 @@ class Runner:
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
         self._predict: Callable[[Arrays], Arrays] | None = None
+        self._stage: Stage = _concatenate
         self._queue: Queue = Queue()
         self._held: _Pending | None = None  # taken from the queue but did not fit the last batch
         self._batcher = None
@@ -60,8 +63,12 @@ class Runner:
         """Run fn on the inference thread; the calling greenlet waits, the loop does not."""
         return self.pool.apply(_holding, (self.model_lock, fn, args))
 
-    def start(self, predict: Callable[[Arrays], Arrays], max_batch_size: int | None = None) -> None:
+    def start(self, predict: Callable[[Arrays], Arrays], max_batch_size: int | None = None,
+              stage: Stage | None = None) -> None:
+        """stage: where a batch's inputs are concatenated (a GPU model's pinned buffers)."""
         self._predict = _guarded(predict)
+        if stage is not None:
+            self._stage = stage
         if max_batch_size is not None:
             self.max_batch_size = max_batch_size
         if self.max_batch_size > 0 and self._batcher is None:
@@ -137,9 +144,9 @@ class Runner:
         if len(batch) == 1:
             self._run_alone(batch[0])
             return
-        merged = {name: np.concatenate([item.inputs[name] for item in batch]) for name in batch[0].inputs}
+        arrays = {name: [item.inputs[name] for item in batch] for name in batch[0].inputs}
         try:
-            outputs = self.call(self._predict, merged)
+            outputs = self.call(self._predict_parts, arrays)
             parts = _split(outputs, [item.rows for item in batch])
         except Exception as e:  # one request's input may have broken the pass: find it
             log.warning("batched pass of %d requests failed (%s); running them one by one", len(batch), e)
@@ -148,6 +155,11 @@ class Runner:
             return
         for item, part in zip(batch, parts):
             item.result.set(part)
+
+    def _predict_parts(self, parts: dict[str, list[np.ndarray]]) -> Arrays:
+        # Concatenated on the inference thread: the event loop never pays for a large
+        # batch's copy, and a staging buffer is only ever touched by model code.
+        return self._predict({name: self._stage(name, arrays) for name, arrays in parts.items()})
 
     def _run_alone(self, item: _Pending) -> None:
         try:
@@ -174,6 +186,10 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
             raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
 
     return run
+
+
+def _concatenate(name: str, parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts)
 
 
 def _rows(inputs: Arrays) -> int:
