@@ -16,7 +16,11 @@ bind = f"0.0.0.0:{_settings.port}"
 # gevent greenlets with read deadlines, a connection cap that evicts stalled clients,
 # and a SIGTERM drain that loses no request (worker.py says how).
 worker_class = "smserve.worker.GeventModelWorker"
-workers = _settings.workers or hardware.default_workers()
+if _settings.workers:
+    workers, _workers_reason = _settings.workers, "SAGEMAKER_MODEL_SERVER_WORKERS"
+else:
+    _plan = hardware.default_plan(_settings.model_dir, _settings.workers_per_gpu)
+    workers, _workers_reason = _plan.workers, _plan.reason
 # The arbiter kills a worker whose event loop is silent this long. The loop never runs
 # the model (that is the inference thread's job) so only a hung worker trips this; it
 # still must exceed the longest request a client may wait for.
@@ -33,6 +37,10 @@ proc_name = "smserve"
 # A runtime control socket is one more writable path and, with several servers on one
 # host (tests, local runs), a shared one: nothing here needs it.
 control_socket_disable = True
+
+
+def when_ready(server):
+    server.log.info("%d worker%s: %s", workers, "" if workers == 1 else "s", _workers_reason)
 
 
 def pre_fork(server, worker):

@@ -35,7 +35,7 @@ class ModelServer:
                  state_dir: str | None = None):
         self.settings = settings
         self.worker_index = worker_index
-        self.workers = workers or settings.workers or hardware.default_workers()
+        self.workers = workers or settings.workers or hardware.default_workers(settings.model_dir, settings.workers_per_gpu)
         # Where workers leave a ready marker, so /ping on any worker can tell whether
         # all of them are ready (SageMaker sends traffic as soon as one ping is 200).
         self.state_dir = state_dir
@@ -78,7 +78,7 @@ class ModelServer:
         max_batch = self.settings.max_batch_size or self.model.metadata.max_batch_size
         if self.model.metadata.max_batch_size == 0:
             max_batch = 0  # the model takes whole tensors; never concatenate requests
-        self.runner.start(self.model.predict, max_batch)
+        self.runner.start(self.model.predict, max_batch, stage=self.model.stage)
         self.status = READY
         if self.state_dir:
             try:
@@ -97,7 +97,8 @@ class ModelServer:
         device = model_module.choose_device(self.settings.device, self.worker_index)
         if device.type == "cpu":
             torch.set_num_threads(self.settings.torch_threads or max(1, hardware.cpu_count() // self.workers))
-        self.model = model_module.load_and_warm(self.settings.model_dir, device)
+        self.model = model_module.load_and_warm(self.settings.model_dir, device,
+                                                self.settings.autocast, self.settings.compile_mode)
 
     def check_ready(self) -> None:
         if self.status == READY:

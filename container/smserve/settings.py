@@ -33,9 +33,12 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class Settings:
     port: int = 8080
-    # None: one per GPU, or one on a CPU host (resolved in the worker count, not here,
-    # because the master must not initialise CUDA).
+    # None: hardware.plan_workers decides (one on a CPU host; on a GPU host
+    # workers_per_gpu per GPU), in the master, which must not initialise CUDA.
     workers: int | None = None
+    # None: as many per GPU as the cores and the GPU's memory allow, up to 4
+    # (hardware.plan_workers); ignored when `workers` is set.
+    workers_per_gpu: int | None = None
     # Seconds a request may take; also how long gunicorn waits for a silent worker.
     timeout: int = 60
     graceful_timeout: int = 25
@@ -201,6 +204,7 @@ PREFIX = "SMSERVE_"
 _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "port": ("SAGEMAKER_BIND_TO_PORT", _port),
     "workers": ("SAGEMAKER_MODEL_SERVER_WORKERS", _positive_int),
+    "workers_per_gpu": (PREFIX + "WORKERS_PER_GPU", _positive_int),
     "timeout": ("SAGEMAKER_MODEL_SERVER_TIMEOUT", _positive_int),
     "default_accept": ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", _media_type),
     "model_dir": ("SM_MODEL_DIR", _directory),
