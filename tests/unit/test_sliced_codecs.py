@@ -87,6 +87,25 @@ def test_jsonlines_sliced_equals_whole(arrays, size, data):
     same(outcome(records.jsonlines, body, size), outcome(records.jsonlines, body, WHOLE))
 
 
+@pytest.mark.parametrize("blank", [b"", b" ", b"\t", b"\r", b" \r", b"\f", b"\v", b" \t\f\v\r"])
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_a_blank_json_line_is_named_whatever_it_holds(blank, at):
+    """The numeric slice parse leaves a blank line to the line-by-line one, which names it."""
+    lines = [b"[1, 2]", b"[3, 4]", b"[5, 6]"]
+    lines.insert(at, blank)
+    body = b"\n".join(lines) + b"\n"
+    assert records._numeric_lines(body.rstrip(b"\n")) is None
+    for size in (1, 4, WHOLE):
+        with pytest.raises(BadRequest) as info:
+            records.jsonlines(body, size)
+        assert info.value.message == f"line {at + 1} is empty: each line must be one record"
+
+
+@pytest.mark.parametrize("line", [b"null", b"[1, true]", b"[false]", b'"1"', b"{}", b'{"features": [1, 2]}', b"[1, 2] x"])
+def test_numeric_json_lines_hold_only_lists_and_numbers(line):
+    assert records._numeric_lines(b"[1, 2]\n" + line) is None
+
+
 @settings(max_examples=150, deadline=None)
 @given(records_nd, sizes, st.sampled_from([None, "instances", "inputs"]), st.booleans())
 def test_json_document_sliced_equals_whole(array, size, key, spaced):
