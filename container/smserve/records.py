@@ -9,9 +9,9 @@ body. Text carries finite numbers only (see simple.py's header for the rules).
 from __future__ import annotations
 
 import io
-import itertools
 import math
 import re
+import struct
 from collections.abc import Iterator
 
 import numpy as np
@@ -299,15 +299,21 @@ def _numeric_document(body: bytes, document):
 
 
 def _float64(values: list) -> np.ndarray:
-    """np.array(values, dtype=np.float64), a fifth faster for the usual records, flat
-    lists of numbers of one length (ValueError when they are ragged or not numbers)."""
+    """np.array(values, dtype=np.float64) (ValueError when ragged or not numbers), twice
+    as fast for the usual records, flat lists of numbers of one length: struct packs
+    each record's numbers into the array as C doubles, with Python's own float() rounding
+    of integers, which is numpy's (both round to nearest, ties to even)."""
     if values and type(values[0]) is list and set(map(type, values)) == {list}:
         width = len(values[0])
         if width and set(map(len, values)) == {width}:
-            flat = itertools.chain.from_iterable(values)
+            out = np.empty((len(values), width), dtype=np.float64)
+            pack = struct.Struct(f"={width}d").pack_into
+            step = width * 8
             try:
-                return np.fromiter(flat, np.float64, len(values) * width).reshape(len(values), width)
-            except (ValueError, TypeError):
+                for at, record in enumerate(values):
+                    pack(out, at * step, *record)
+                return out
+            except struct.error:
                 pass  # a record holds lists: numpy judges the shape
     return np.array(values, dtype=np.float64)
 

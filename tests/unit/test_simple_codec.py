@@ -400,3 +400,12 @@ def test_numeric_json_fast_path_matches_on_any_records(array, metadata, key, as_
         listed = json.loads(json.dumps(listed), parse_float=lambda s: int(float(s)) if float(s).is_integer() else float(s))
     body = json.dumps(listed if key is None else {key: listed}).encode()  # (orjson stops at 64-bit integers)
     assert_same_as_record_by_record(body, metadata)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False, allow_infinity=False)),
+                         min_size=3, max_size=3), min_size=1, max_size=4),
+       st.sampled_from([_any_shape("FP64"), _any_shape("FP32"), _any_shape("INT64")]))
+def test_numeric_json_integers_round_as_numpy_rounds_them(rows, metadata):
+    """64-bit integers beyond 2**53 are rounded to a double by the fast path as numpy does."""
+    assert_same_as_record_by_record(json.dumps(rows).encode(), metadata)
