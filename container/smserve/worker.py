@@ -393,7 +393,11 @@ class GeventModelWorker(base.Worker):
         if req.body is None:
             return b""
         _check_chunk_sizes(req.body, limit, too_big)
-        parts = []
+        first = b""
+        # Past one read, the body grows in a BytesIO: its buffer is enlarged in place
+        # and getvalue() hands it over without a copy, where joining the reads would copy
+        # the whole body in one step (40 MB: 30-40 ms with the GIL held, /ping waiting).
+        grown: io.BytesIO | None = None
         total = 0
         try:
             with gevent.Timeout(self.settings.body_timeout,
@@ -406,19 +410,28 @@ class GeventModelWorker(base.Worker):
                     total += len(data)
                     if total > limit:
                         raise _ClientError(413, f"request body {too_big}")
-                    parts.append(data)
+                    if grown is not None:
+                        grown.write(data)
+                    elif first:
+                        grown = io.BytesIO(first)
+                        grown.seek(0, io.SEEK_END)
+                        grown.write(data)
+                    else:
+                        first = data
                     # recv() yields to the loop only when the socket is empty; a client
                     # that keeps it full (a fast sender of a big body) would otherwise
                     # hold the loop, and /ping, for the whole body.
                     if time.monotonic() - turn > LOOP_TURN_S:
-                        gevent.sleep(0)
+                        # (sleep(0) may resume this greenlet before the loop polls for
+                        # I/O again; any positive time waits for the next poll.)
+                        gevent.sleep(LOOP_TURN_S / 20)
                         turn = time.monotonic()
         except (http_errors.ParseException, http_errors.NoMoreData) as e:
             status, message = _parse_error(e)
             raise _ClientError(status, f"malformed request body: {message}") from None
         if declared is not None and total < declared:
             raise _ClientError(400, f"request body ended after {total} of its {declared} bytes (Content-Length)")
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return grown.getvalue() if grown is not None else first
 
     def send_error(self, sock, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         """A JSON error answer, then the connection closes."""
