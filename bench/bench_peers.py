@@ -398,7 +398,8 @@ def report(cases: list[Case], args, title: str, notes: list[str], baselines: dic
     for note in notes:
         print(note)
     stats = {(c.server, c.protocol, c.batch): summary(c) for c in cases}
-    header = (f"{'server, protocol':28} {'batch':>5} {'req/s':>7} {'per round':>15} {'p50 ms':>7} {'p99 ms':>7} "
+    width = max([len("server, protocol")] + [len(c.label) for c in cases])
+    header = (f"{'server, protocol':{width}} {'batch':>5} {'req/s':>7} {'per round':>15} {'p50 ms':>7} {'p99 ms':>7} "
               f"{'cores':>5} {'req/cpu-s':>9} {'non-200':>8} "
               + " ".join(f"{'vs ' + name:>10}" for name in baselines) + "  answer")
     print(header)
@@ -409,7 +410,7 @@ def report(cases: list[Case], args, title: str, notes: list[str], baselines: dic
         bad = f"{s['non200']}" + (f"+{s['errors']}e" if s["errors"] else "")
         vs = " ".join(f"{ratio(s['rps'], stats.get((*base, c.batch), {}).get('rps')):>10}"
                       for base in baselines.values())
-        print(f"{c.label:28} {c.batch:5} {s['rps']:7.0f} {per_round:>15} {s['p50']:7.1f} {s['p99']:7.1f} "
+        print(f"{c.label:{width}} {c.batch:5} {s['rps']:7.0f} {per_round:>15} {s['p50']:7.1f} {s['p99']:7.1f} "
               f"{s['cores_busy']:5.2f} {s['per_cpu']:9.0f} {bad:>8} {vs}  {c.correct}")
     print("req/s: all rounds together; per round: each round's req/s; p50: the median round's, p99: the worst "
           "round's;\ncores: the server's CPU-seconds per second (all its processes); req/cpu-s: requests per "
