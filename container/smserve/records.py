@@ -270,6 +270,7 @@ def parse_document(body: bytes, where: str = "request body", size: int | None = 
         if found is not None:
             key, array = found
             return array if key is None else {key: array}
+        return parse(body, where)  # (no second whole-body C call: simple.py converts it in slices)
     document = parse(body, where)
     found = _numeric_document(body, document)
     return document if found is None else found

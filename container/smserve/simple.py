@@ -85,9 +85,11 @@ def decode_json(document, metadata: ModelMetadata) -> dict[str, np.ndarray]:
 
 
 def parse_json(body: bytes, where: str = "request body"):
-    """The JSON document, parsed strictly. A big list of numeric records (bare or under
-    one of RECORD_KEYS) is parsed in bounded slices and comes back as a float64
-    ndarray in its place, which decode_json takes and v2.is_v2_document refuses."""
+    """The JSON document, parsed strictly. A non-empty list of records holding only
+    numbers and lists (bare or under one of RECORD_KEYS) comes back as a float64
+    ndarray in its place, which decode_json takes and v2.is_v2_document refuses: no
+    type check per record, and a big one is parsed in bounded slices. Anything else
+    comes back as parsed, and _as_array checks and converts it record by record."""
     return records.parse_document(body, where)
 
 
