@@ -1,11 +1,24 @@
 """Loading the model in a worker, and running it on named numpy arrays.
 
-Runs in the worker process after fork, on the worker's inference thread: this is the
-only module that touches CUDA.
+Runs in the worker process after fork, on the worker's inference thread: this module
+(with staging.py, its pinned input buffers) is the only one that touches CUDA.
+
+Two opt-in speed-ups (settings SMSERVE_AUTOCAST, SMSERVE_COMPILE):
+- autocast: the forward pass, or the user's predict_fn (it is where the forward pass
+  is), runs under torch.autocast in fp16 or bf16. Outputs declared FP32 come back as
+  float32, so clients see the datatype the metadata promises. A streaming predict_fn's
+  items and a stream_fn session run outside it (their code runs later, item by item):
+  they can enter torch.autocast themselves.
+- compile: torch.compile of the loaded module (an exported program's module, or a
+  model_fn's nn.Module; TorchScript is left alone), before the warm-up, so the warm-up
+  pays the compile. If compiling fails, the worker logs a warning and serves the model
+  uncompiled: a model that serves beats a dead endpoint, and /ping turns 200 only once
+  the uncompiled model has warmed up in its place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -19,11 +32,14 @@ from . import datatypes
 from .errors import BadRequest
 from .hooks import Hooks, load_hooks
 from .metadata import ModelMetadata, TensorSpec
+from .staging import HostStaging
 
 log = logging.getLogger(__name__)
 
 EXPORTED = "model.pt2"
 TORCHSCRIPT = "model.pt"
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_HALF = (np.dtype(np.float16),)
 
 
 class ModelLoadError(RuntimeError):
@@ -47,34 +63,69 @@ class LoadedModel:
     metadata: ModelMetadata
     hooks: Hooks
     device: torch.device
+    # Pinned host buffers that inputs reach the GPU from; None on the CPU.
+    staging: HostStaging | None = None
+    # torch.float16 / torch.bfloat16 under SMSERVE_AUTOCAST, else None.
+    autocast: torch.dtype | None = None
+    # The module before torch.compile, while the compiled one is on trial; None when
+    # nothing was compiled, or once the warm-up has run the compiled one.
+    uncompiled: object = None
+    # What SMSERVE_COMPILE achieved: "off", the mode, or "failed" (serving uncompiled).
+    compiled: str = "off"
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model (or the user's predict_fn) on named arrays; named arrays back."""
         data = self.to_model_input(inputs)
-        return self.outputs_to_numpy(self.predict_data(data))
+        outputs = self.outputs_to_numpy(self.predict_data(data))
+        if self.staging is not None:
+            # An output that is a view of an input (an identity model on the CPU) must
+            # not change under its request when the next pass reuses the buffer.
+            outputs = {k: v.copy() if self.staging.holds_any(v) else v for k, v in outputs.items()}
+        return outputs
+
+    def stage(self, name: str, parts: list[np.ndarray]) -> np.ndarray:
+        """The runner's concatenation of a batch: into the pinned buffer on a GPU."""
+        if self.staging is None or not self.staging.takes(parts):
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return self.staging.stage(name, parts)
 
     def predict_data(self, data):
-        if self.hooks.predict_fn is not None:
-            return self.hooks.predict_fn(data, self.model)
-        if any(not isinstance(t, torch.Tensor) for t in (data.values() if isinstance(data, dict) else [data])):
-            raise BadRequest("this model takes numeric tensors; BYTES inputs need a predict_fn in code/inference.py")
-        with torch.inference_mode():
-            if isinstance(data, dict):
-                return self.model(*data.values())
-            return self.model(data)
+        with self.precision():
+            if self.hooks.predict_fn is not None:
+                return self.hooks.predict_fn(data, self.model)
+            if any(not isinstance(t, torch.Tensor) for t in (data.values() if isinstance(data, dict) else [data])):
+                raise BadRequest("this model takes numeric tensors; BYTES inputs need a predict_fn in code/inference.py")
+            with torch.inference_mode():
+                if isinstance(data, dict):
+                    return self.model(*data.values())
+                return self.model(data)
+
+    def precision(self):
+        """torch.autocast in SMSERVE_AUTOCAST's precision, or nothing."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
 
     def to_model_input(self, inputs: dict[str, np.ndarray]):
         """One tensor for a single-input model (what SageMaker's input_fn gives), else a dict."""
-        tensors = {name: self._tensor(inputs[name]) for name in inputs}
+        tensors = {name: self._tensor(name, inputs[name]) for name in inputs}
         if len(tensors) == 1:
             return next(iter(tensors.values()))
         # Positional order is the model's, not the request's.
         ordered = [spec.name for spec in self.metadata.inputs if spec.name in tensors]
         return {name: tensors[name] for name in ordered + [n for n in tensors if n not in ordered]}
 
-    def _tensor(self, array: np.ndarray) -> torch.Tensor | np.ndarray:
+    def _tensor(self, name: str, array: np.ndarray) -> torch.Tensor | np.ndarray:
         if array.dtype == object:
             return array  # BYTES has no tensor form: a predict_fn gets the numpy array of bytes
+        if self.staging is not None and (self.staging.holds(name, array) or self.staging.takes([array])):
+            # A batch the runner assembled is in the buffer already; a lone request's
+            # array is copied in (it replaces the copy a read-only body needs anyway).
+            if not self.staging.holds(name, array):
+                array = self.staging.stage(name, [array])
+            tensor = torch.from_numpy(array).to(self.device, non_blocking=True)
+            self.staging.copied(name, self.device)
+            return tensor
         if not array.flags.writeable or not array.flags.aligned:
             # Views on the request body are read-only; torch wants memory it may write.
             array = array.copy()
@@ -85,7 +136,7 @@ class LoadedModel:
     def outputs_to_numpy(self, prediction) -> dict[str, np.ndarray]:
         names = [spec.name for spec in self.metadata.outputs]
         if isinstance(prediction, dict):
-            return {str(k): _to_numpy(v) for k, v in prediction.items()}
+            return {str(k): self._declared(str(k), _to_numpy(v)) for k, v in prediction.items()}
         if isinstance(prediction, (tuple, list)) and prediction and not _is_scalar_list(prediction):
             values = list(prediction)
         else:
@@ -93,27 +144,149 @@ class LoadedModel:
         out = {}
         for i, value in enumerate(values):
             name = names[i] if i < len(names) else f"output__{i}"
-            out[name] = _to_numpy(value)
+            out[name] = self._declared(name, _to_numpy(value))
         return out
 
+    def _declared(self, name: str, array: np.ndarray) -> np.ndarray:
+        """float16 back to float32 where the metadata says FP32, or where autocast made
+        it (a model's own half-precision outputs, declared or not, stay half)."""
+        if array.dtype not in _HALF:
+            return array
+        spec = self.metadata.output(name)
+        if (spec is not None and spec.datatype == "FP32") or (spec is None and self.autocast is not None):
+            return array.astype(np.float32)
+        return array
+
     def warm_up(self) -> bool:
-        """One forward pass on zeros, so the first real request pays no compile or
+        """A forward pass on zeros, so the first real request pays no compile or
         allocation cost. Skipped when the input shapes are not fully known, or when the
-        user's predict_fn decides what its data looks like."""
-        if not self.metadata.inputs or self.hooks.predict_fn is not None:
+        user's predict_fn decides what its data looks like.
+
+        A compiled model is warmed at batch 1 and 2 (dynamo compiles 1 on its own, then
+        one graph for every batch size from 2; reduce-overhead still records a CUDA
+        graph per new size as it comes) and at the max batch size (the peak memory is
+        paid now). If that fails and the uncompiled model does not, the uncompiled one
+        serves."""
+        batches = self._warm_up_inputs()
+        if batches is None:
+            if self.uncompiled is not None:
+                _tolerate_compile_errors()
+                log.warning("SMSERVE_COMPILE: no warm-up (input shapes not fully known, or a predict_fn), so the "
+                            "model compiles on its first requests; should that fail, torch logs it and runs it uncompiled")
+                self.uncompiled = None
             return False
-        inputs = {}
-        for spec in self.metadata.inputs:
-            shape = self.metadata.full_shape(spec)
-            if self.metadata.max_batch_size > 0:
-                shape[0] = 1
-            if any(d < 0 for d in shape) or spec.datatype == "BYTES":
-                return False
-            inputs[spec.name] = np.zeros(shape, dtype=spec.dtype.dtype)
-        self.predict(inputs)
+        if self.uncompiled is not None:
+            try:
+                self._run_warm_up(batches)
+            except Exception as e:
+                log.warning("SMSERVE_COMPILE=%s failed, serving the model uncompiled: %s: %s",
+                            self.compiled, type(e).__name__, _first_lines(str(e)))
+                log.debug("the compile failure in full", exc_info=True)
+                self.model, self.compiled = self.uncompiled, "failed"
+                self.uncompiled = None
+                self._run_warm_up(batches[:1])
+                return True
+            # Later recompiles (a new shape) fall back to uncompiled frames, not 500s.
+            _tolerate_compile_errors()
+            self.uncompiled = None
+            return True
+        self._run_warm_up(batches)
+        return True
+
+    def _warm_up_inputs(self) -> list[dict[str, np.ndarray]] | None:
+        if not self.metadata.inputs or self.hooks.predict_fn is not None:
+            return None
+        batched = self.metadata.max_batch_size > 0
+        sizes = [1]
+        if batched and self.compiled not in ("off", "failed"):
+            sizes = sorted({1, min(2, self.metadata.max_batch_size), self.metadata.max_batch_size})
+        batches = []
+        for size in sizes:
+            inputs = {}
+            for spec in self.metadata.inputs:
+                shape = self.metadata.full_shape(spec)
+                if batched:
+                    shape[0] = size
+                if any(d < 0 for d in shape) or spec.datatype == "BYTES":
+                    return None
+                inputs[spec.name] = np.zeros(shape, dtype=spec.dtype.dtype)
+            batches.append(inputs)
+        return batches
+
+    def _run_warm_up(self, batches: list[dict[str, np.ndarray]]) -> None:
+        for inputs in batches:
+            self.predict(inputs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return True
+
+    def memory_note(self) -> str:
+        """Peak GPU memory so far, for the log ("" on the CPU)."""
+        if self.device.type != "cuda":
+            return ""
+        return f", peak GPU memory {torch.cuda.max_memory_allocated(self.device) / 2**20:.0f} MiB"
+
+
+def _check_autocast(loaded: LoadedModel) -> None:
+    """A precision the device cannot run is a load error now, not a 500 per request."""
+    try:
+        with loaded.precision():
+            pass
+    except RuntimeError as e:
+        raise ModelLoadError(f"SMSERVE_AUTOCAST: {e}") from None
+    if (loaded.device.type == "cuda" and loaded.autocast == torch.bfloat16
+            and not torch.cuda.is_bf16_supported(including_emulation=False)):
+        log.warning("SMSERVE_AUTOCAST=bf16: %s has no native bfloat16 (before Ampere); fp16 is the fast choice there",
+                    torch.cuda.get_device_name(loaded.device))
+
+
+def _first_lines(text: str, lines: int = 3) -> str:
+    """A compile error's message can hold a whole compiler log."""
+    head = text.strip().splitlines()[:lines]
+    return " / ".join(head) + (" ..." if len(text.strip().splitlines()) > lines else "")
+
+
+def _tolerate_compile_errors() -> None:
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True
+
+
+def compile_model(model, mode: str, backend: str | None = None):
+    """torch.compile(model) in mode, or None when the model is not one torch.compile
+    takes (TorchScript, a model_fn's non-module object). Compiling happens lazily, at
+    the first call (the warm-up). backend: the tests' way to make it fail on purpose."""
+    if isinstance(model, torch.jit.ScriptModule):
+        log.warning("SMSERVE_COMPILE=%s ignored: torch.compile does not take TorchScript models "
+                    "(serve a torch.export model.pt2 to compile it)", mode)
+        return None
+    if not isinstance(model, torch.nn.Module):
+        log.warning("SMSERVE_COMPILE=%s ignored: model_fn returned a %s, not a torch.nn.Module", mode, type(model).__name__)
+        return None
+    blocker = _compile_blocker()
+    if blocker:
+        log.warning("SMSERVE_COMPILE=%s ignored, serving the model uncompiled: %s", mode, blocker)
+        return None
+    if backend is not None:
+        return torch.compile(model, backend=backend)
+    return torch.compile(model, mode=None if mode == "default" else mode)
+
+
+def _compile_blocker() -> str | None:
+    """Why torch.compile would hang this worker, if it would.
+
+    torch.compile starts compiler subprocesses on the calling thread, some with
+    capture_output. Where gevent has patched os.close, such a call leaves gevent
+    watchers in that (non-loop) thread, and a later subprocess's os.close is deferred
+    to a loop that thread never runs: the worker waits forever on a pipe it still holds.
+    """
+    try:
+        from gevent import monkey
+    except ImportError:
+        return None
+    if monkey.is_object_patched("os", "close"):
+        return ("this worker runs with gevent's os.close patch, under which torch.compile's compiler "
+                "subprocesses deadlock on the inference thread (worker.py: monkey.patch_all(os=False) lifts it)")
+    return None
 
 
 def _is_scalar_list(value) -> bool:
@@ -130,7 +303,7 @@ def _to_numpy(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def load(model_dir: str, device: torch.device) -> LoadedModel:
+def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mode: str = "off") -> LoadedModel:
     if not os.path.isdir(model_dir):
         raise ModelLoadError(f"model directory {model_dir} does not exist")
     hooks = load_hooks(model_dir)
@@ -159,7 +332,16 @@ def load(model_dir: str, device: torch.device) -> LoadedModel:
         metadata = ModelMetadata(platform=platform)
     elif metadata.platform == ModelMetadata.platform:
         metadata = ModelMetadata(**{**metadata.__dict__, "platform": platform})
-    return LoadedModel(model=model, metadata=metadata, hooks=hooks, device=device)
+    loaded = LoadedModel(model=model, metadata=metadata, hooks=hooks, device=device,
+                         staging=HostStaging(pin=True) if device.type == "cuda" else None,
+                         autocast=AUTOCAST_DTYPES.get(autocast))
+    if loaded.autocast is not None:
+        _check_autocast(loaded)
+    if compile_mode != "off":
+        compiled = compile_model(model, compile_mode)
+        if compiled is not None:
+            loaded.model, loaded.uncompiled, loaded.compiled = compiled, model, compile_mode
+    return loaded
 
 
 def _metadata_from_export(program) -> ModelMetadata:
@@ -209,16 +391,19 @@ def _metadata_from_torchscript(model) -> ModelMetadata:
     )
 
 
-def load_and_warm(model_dir: str, device: torch.device) -> LoadedModel:
+def load_and_warm(model_dir: str, device: torch.device, autocast: str = "off", compile_mode: str = "off") -> LoadedModel:
     started = time.monotonic()
-    loaded = load(model_dir, device)
+    loaded = load(model_dir, device, autocast, compile_mode)
     warmed = loaded.warm_up()
     log.info(
-        "model loaded from %s on %s in %.2fs (%s)",
+        "model loaded from %s on %s in %.2fs (%s; autocast %s, compile %s%s)",
         model_dir,
         device,
         time.monotonic() - started,
         "warmed up" if warmed else "no warm-up: input shapes not fully known",
+        autocast,
+        loaded.compiled,
+        loaded.memory_note(),
     )
     return loaded
 
