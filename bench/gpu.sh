@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The GPU benchmark as one prepared command (issue 11): builds two models, serves each
+# with the real server at SMSERVE_AUTOCAST=off/fp16/bf16 and prints one table of
+# throughput, p50/p99 latency and memory at batch 1/64/256. About 4 minutes on a GPU.
+#
+#   bash bench/gpu.sh                   from the repository root, after `make install`
+#                                       (TORCH_VARIANT=cuda on a GPU host; the default there)
+#   bash bench/gpu.sh --quick           2 s a case (the default when torch sees no GPU)
+#   bash bench/gpu.sh --compile default adds SMSERVE_COMPILE rows; --help for the rest
+#
+# Without a GPU it runs the same cases on the CPU and says so. `hey` drives the load
+# where it is installed (apt-get install hey); else a Python client does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${VENV:-.venv}/bin/python"
+if [ ! -x "$PY" ]; then
+    echo "no $PY: run 'make install' first (TORCH_VARIANT=cuda on a GPU host)" >&2
+    exit 1
+fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
+fi
+"$PY" -c 'import torch; print("torch", torch.__version__, "CUDA" if torch.cuda.is_available() else "CPU only", file=__import__("sys").stderr)'
+exec "$PY" bench/bench_gpu.py "$@"
