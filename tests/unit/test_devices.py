@@ -55,8 +55,9 @@ GIB = 1 << 30
 @pytest.mark.parametrize("gpus, cores, memory, weights, per_gpu, expected, words", [
     (0, 16, None, 0, None, 1, "no GPU"),
     (0, 16, None, 0, 3, 1, "no GPU"),  # workers per GPU mean nothing without one
-    (1, 4, 24 * GIB, 100 << 20, None, 4, "4 per GPU"),  # g5.xlarge, a small model
-    (1, 2, 24 * GIB, 100 << 20, None, 2, "2 for 2 cores"),
+    (1, 4, 24 * GIB, 100 << 20, None, 2, "2 for 4 cores"),  # g5.xlarge, a small model: two cores a worker
+    (1, 2, 24 * GIB, 100 << 20, None, 1, "1 for 2 cores"),
+    (1, 16, 24 * GIB, 100 << 20, None, 4, "4 per GPU"),  # the cap
     (4, 6, 24 * GIB, 100 << 20, None, 4, "1 for 6 cores"),  # one worker per GPU when the cores run out
     (8, 192, 141 * GIB, 100 << 20, None, 32, "4 per GPU x 8 GPUs"),
     (1, 8, 24 * GIB, 4 * GIB, None, 1, "1 for 24 GiB per GPU and a 4.00 GiB model"),  # 3 x 4 GiB + context fits once in 12
