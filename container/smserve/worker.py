@@ -118,8 +118,13 @@ class GeventModelWorker(base.Worker):
         # model is imported, loaded and run on the inference thread, and CUDA builds of
         # torch start a process on import there (cuda.pathfinder -> ctypes.util.
         # find_library -> ldconfig), as triton does when it compiles. The standard
-        # subprocess blocks only the thread that calls it.
-        monkey.patch_all(subprocess=False)
+        # subprocess blocks only the thread that calls it. os stays unpatched too: gevent's
+        # os.close defers closing a pipe to the loop of the thread that opened it, and the
+        # inference thread runs no loop, so a subprocess started there (torch.compile's
+        # compiler workers, a user's model_fn) waited forever on a pipe it still held. (No
+        # signal patch either: gevent's only matters to its own child watchers, and
+        # without the os patch it warns at every start.)
+        monkey.patch_all(subprocess=False, os=False, signal=False)
         self.sockets = [
             gevent_socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets
         ]
