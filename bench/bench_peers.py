@@ -486,7 +486,10 @@ class Bench:
                 s = c.rounds[-1]
                 print(f"round {r + 1} {c.label:28} batch {c.batch:3}: {s['n'] / s['elapsed']:7.0f} req/s", flush=True)
 
-    def stop(self) -> None:
+    def __enter__(self) -> "Bench":
+        return self
+
+    def __exit__(self, *exc) -> None:
         for server in reversed(self.started):
             server.terminate()
 
@@ -507,17 +510,15 @@ def protocols_scenario(args, work: Path) -> None:
     model_dir = work / "model"
     x, expected = inputs_and_answers(build_model(model_dir), (1, MAX_BATCH))
     core = 0 if args.pin else None
-    bench = Bench(args, work, model_dir)
-    try:
+    concurrency = args.concurrency or 16
+    with Bench(args, work, model_dir) as bench:
         bench.ours("ours", ["npy", "json", "v2 binary"], x, core=core)
         bench.flask("flask", x, core=core)
         bench.triton("pytriton", x, core=core)
-        bench.run(expected, args.concurrency)
-    finally:
-        bench.stop()
+        bench.run(expected, concurrency)
     report(bench.cases, args,
            f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM} TorchScript, one worker and one torch thread per server; hey -c "
-           f"{args.concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
+           f"{concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
            f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; our log level {args.log_level}",
            bench.notes, {"flask": ("flask", "npy"), "triton": ("pytriton", "v2 binary")})
 
@@ -528,16 +529,13 @@ def compute_scenario(args, work: Path) -> None:
     hidden = (3072, 3072)
     x, expected = inputs_and_answers(build_model(model_dir, hidden), (1,))
     core = 0 if args.pin else None
-    concurrency = args.concurrency if args.concurrency_set else 64
-    bench = Bench(args, work, model_dir)
-    try:
+    concurrency = args.concurrency or 64
+    with Bench(args, work, model_dir) as bench:
         bench.ours("ours, batching", ["v2 binary"], x, core=core)
         bench.ours("ours, no batching", ["v2 binary"], x, core=core, env={"SMSERVE_MAX_BATCH_SIZE": "1"})
         bench.flask("flask", x, core=core)
         bench.triton("pytriton", x, core=core)
         bench.run(expected, concurrency)
-    finally:
-        bench.stop()
     report(bench.cases, args,
            f"MLP {IN_DIM}->{'->'.join(map(str, hidden))}->{OUT_DIM} TorchScript (compute-bound), one worker and one "
            f"torch thread per server; hey -c {concurrency}, {args.seconds:g}s x {args.rounds} rounds; "
@@ -553,16 +551,13 @@ def cores_scenario(args, work: Path) -> None:
         sys.exit("--scenario cores needs two usable cores")
     model_dir = work / "model"
     x, expected = inputs_and_answers(build_model(model_dir), (1,))
-    concurrency = args.concurrency if args.concurrency_set else 32
-    bench = Bench(args, work, model_dir)
-    try:
+    concurrency = args.concurrency or 32
+    with Bench(args, work, model_dir) as bench:
         bench.ours("ours, 1 worker, core 0", ["v2 binary", "npy"], x, core=0, hey_core=1)
         bench.ours("ours, 2 workers, 2 cores", ["v2 binary", "npy"], x, workers=2)
         bench.flask("flask, 2 workers, 2 cores", x, workers=2)
         bench.triton("pytriton, 2 cores", x)
         bench.run(expected, concurrency)
-    finally:
-        bench.stop()
     report(bench.cases, args,
            f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM}, batch 1, one torch thread per worker; hey -c {concurrency}, "
            f"{args.seconds:g}s x {args.rounds} rounds. '1 worker, core 0': server pinned to core 0, hey to core 1; "
@@ -596,9 +591,6 @@ def main() -> None:
     parser.add_argument("--log-level", default="warning",
                         help="our server's SMSERVE_LOG_LEVEL (info writes an access line per request)")
     args = parser.parse_args()
-    args.concurrency_set = args.concurrency is not None
-    if args.concurrency is None:
-        args.concurrency = 16
     if shutil.which("hey") is None:
         sys.exit("bench_peers needs hey: apt-get install -y hey")
     if (args.pin or args.scenario == "cores") and (shutil.which("taskset") is None

@@ -7,14 +7,11 @@ before fork, so the master only counts device nodes and asks nvidia-smi for memo
 from __future__ import annotations
 
 import glob
-import logging
 import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-
-log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 # Workers per GPU chosen by default: more front ends (event loop, codecs, HTTP) for one
