@@ -1,13 +1,16 @@
-"""Shared by bench_soak.py and bench_ping_stall.py: request bodies for every content
-type, a keep-alive raw HTTP client, the worker processes seen from /proc, percentiles."""
+"""Shared by the benchmarks: request bodies for every content type, a keep-alive raw
+HTTP client, `hey` run and its summary parsed, the worker processes seen from /proc,
+percentiles."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import socket
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -181,6 +184,36 @@ def rss_mb(pid: int) -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def run_hey(url: str, body: Path, headers: dict, seconds: float, concurrency: int,
+            core: int | None = None) -> dict:
+    """POST `body` (a file) to url with `hey` for `seconds`; its summary, parsed (not
+    -o csv: the csv leaves out connection errors). headers must hold Content-Type.
+    latency: percentile -> ms as hey prints it (0 where it had too few samples)."""
+    headers = dict(headers)
+    cmd = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", headers.pop("Content-Type"),
+           "-D", str(body)]
+    for name, value in headers.items():
+        cmd += ["-H", f"{name}: {value}"]
+    if core is not None:
+        cmd = ["taskset", "-c", str(core)] + cmd
+    out = subprocess.run(cmd + [url], capture_output=True, text=True, check=True).stdout
+
+    def seconds_of(label: str) -> float | None:
+        found = re.search(label + r":\s+([\d.]+) secs", out)
+        return float(found.group(1)) if found else None
+
+    errors = out.split("Error distribution:")[1] if "Error distribution:" in out else ""
+    return {
+        "statuses": {int(code): int(n) for code, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)},
+        "errors": sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]\s", errors, re.M)),
+        "elapsed": seconds_of("Total"),
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "latency": {p: float(v) * 1000 for p, v in re.findall(r"(\d+)% in ([\d.]+) secs", out)},
+        "slowest": seconds_of("Slowest"),
+        "average": seconds_of("Average"),
+    }
 
 
 def pct(values, q: float) -> float:

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _harness import Client, pct, rss_mb, worker_pids  # noqa: E402
+from _harness import Client, pct, rss_mb, run_hey, worker_pids  # noqa: E402
 from local_test.server_process import ServerProcess  # noqa: E402
 
 MAX_BATCH = 256
@@ -143,24 +143,15 @@ def ask(url: str, body: bytes, headers: dict) -> np.ndarray:
 def drive_hey(url: str, body: bytes, headers: dict, seconds: float, concurrency: int, work: Path) -> dict:
     path = work / "body.bin"
     path.write_bytes(body)
-    headers = dict(headers)
-    cmd = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", headers.pop("Content-Type"),
-           "-D", str(path)]
-    for name, value in headers.items():
-        cmd += ["-H", f"{name}: {value}"]
-    out = subprocess.run(cmd + [url], capture_output=True, text=True, check=True).stdout
-    statuses = {int(code): int(n) for code, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
-    errors = sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]\s", out.split("Error distribution:")[1], re.M)) \
-        if "Error distribution:" in out else 0
-    latency = {p: float(v) * 1000 for p, v in re.findall(r"(\d+)% in ([\d.]+) secs", out) if float(v) > 0}
-    slowest = re.search(r"Slowest:\s+([\d.]+) secs", out)
-    average = re.search(r"Average:\s+([\d.]+) secs", out)
-    ok = statuses.get(200, 0)
-    return {"ok": ok, "elapsed": float(re.search(r"Total:\s+([\d.]+) secs", out).group(1)),
-            "p50": latency.get("50", float(average.group(1)) * 1000 if average and ok else float("nan")),
-            # hey leaves out percentiles its few samples cannot give: the slowest then.
-            "p99": latency.get("99", float(slowest.group(1)) * 1000 if slowest and ok else float("nan")),
-            "failed": sum(statuses.values()) - ok + errors}
+    out = run_hey(url, path, headers, seconds, concurrency)
+    # hey prints 0 for the percentiles its few samples cannot give: the average and the
+    # slowest then.
+    latency = {p: ms for p, ms in out["latency"].items() if ms > 0}
+    ok = out["statuses"].get(200, 0)
+    return {"ok": ok, "elapsed": out["elapsed"],
+            "p50": latency.get("50", out["average"] * 1000 if out["average"] and ok else float("nan")),
+            "p99": latency.get("99", out["slowest"] * 1000 if out["slowest"] and ok else float("nan")),
+            "failed": sum(out["statuses"].values()) - ok + out["errors"]}
 
 
 def drive_python(port: int, path: str, body: bytes, headers: dict, seconds: float, concurrency: int) -> dict:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,21 +28,13 @@ sys.path.insert(0, str(ROOT))
 
 from local_test.server_process import ServerProcess  # noqa: E402
 
+from _harness import run_hey  # noqa: E402
+
 
 def hey(url: str, body: Path, seconds: int, concurrency: int) -> dict:
-    out = subprocess.run(
-        ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", "application/json",
-         "-D", str(body), url + "/invocations"],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    statuses = dict((int(code), int(n)) for code, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out))
-    latency = {p: float(s) * 1000 for p, s in re.findall(r"(\d+)% in ([\d.]+) secs", out)}
-    return {
-        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        "p50": latency.get("50"),
-        "p99": latency.get("99"),
-        "statuses": statuses,
-    }
+    out = run_hey(url + "/invocations", body, {"Content-Type": "application/json"}, seconds, concurrency)
+    return {"rps": out["rps"], "p50": out["latency"].get("50"), "p99": out["latency"].get("99"),
+            "statuses": out["statuses"]}
 
 
 def ping_while(url: str, stop: threading.Event) -> list[float]:

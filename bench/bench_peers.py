@@ -53,7 +53,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +69,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from local_test.server_process import ServerProcess, free_port  # noqa: E402
+
+from _harness import run_hey  # noqa: E402
 
 MODEL_NAME, IN_NAME, OUT_NAME = "mlp", "x", "y"
 IN_DIM, HIDDEN, OUT_DIM, MAX_BATCH = 64, 256, 16, 256
@@ -256,25 +257,13 @@ def session_cpu_seconds(session: int | None) -> float:
 def hey(case: Case, seconds: float, concurrency: int, workdir: Path, pin: bool) -> dict:
     body = workdir / "body.bin"
     body.write_bytes(case.body)
-    headers = dict(case.headers)
-    cmd = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST",
-           "-T", headers.pop("Content-Type"), "-D", str(body)]
-    for name, value in headers.items():
-        cmd += ["-H", f"{name}: {value}"]
-    core = 1 if pin else case.hey_core
-    if core is not None:
-        cmd = ["taskset", "-c", str(core)] + cmd
     cpu_before = session_cpu_seconds(case.session)
-    # hey's summary, not -o csv: the csv leaves out connection errors.
-    out = subprocess.run(cmd + [case.url], capture_output=True, text=True, check=True).stdout
+    out = run_hey(case.url, body, case.headers, seconds, concurrency, core=1 if pin else case.hey_core)
     cpu = session_cpu_seconds(case.session) - cpu_before
-    statuses = {int(code): int(n) for code, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
-    errors = sum(int(n) for n in re.findall(r"^\s+\[(\d+)\]\s", out.split("Error distribution:")[1], re.M)) \
-        if "Error distribution:" in out else 0
-    latency = {p: float(v) * 1000 for p, v in re.findall(r"(\d+)% in ([\d.]+) secs", out)}
-    return {"n": sum(statuses.values()), "elapsed": float(re.search(r"Total:\s+([\d.]+) secs", out).group(1)),
-            "p50": latency.get("50", float("nan")), "p99": latency.get("99", float("nan")),
-            "non200": sum(n for code, n in statuses.items() if code != 200), "errors": errors, "cpu": cpu}
+    statuses = out["statuses"]
+    return {"n": sum(statuses.values()), "elapsed": out["elapsed"],
+            "p50": out["latency"].get("50", float("nan")), "p99": out["latency"].get("99", float("nan")),
+            "non200": sum(n for code, n in statuses.items() if code != 200), "errors": out["errors"], "cpu": cpu}
 
 
 # ---------------------------------------------------------------- servers
