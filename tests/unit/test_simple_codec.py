@@ -5,6 +5,7 @@ import json
 import math
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -317,6 +318,26 @@ FAST_BODIES = [
     b"[]",
     b'{"instances": []}',
     b"[[1, 2, 3, 4], []]",
+    # Shapes simdjson's flattening would hide: a list within a row of the right count,
+    # a number among rows, ragged rows of the right total.
+    b"[[1, [2], 3, 4], [5, 6, 7, 8]]",
+    b"[[1, 2, 3, [4]], [5, 6, 7, 8]]",
+    b"[[1, 2, 3, 4], 5, [[1, 2, 3, 4], 6, 7, 8]]",
+    b"[[1, 2, 3, 4], [5, 6], [7, 8, 9, 10, 11, 12]]",
+    b"[[[1, 2, 3, 4]], [5, 6, 7, 8]]",
+    b"[1, 2, [3, 4]]",
+    b"[[1, 2, 3, 4], [[]], [5, 6, 7, 8]]",
+    # Texts simdjson reads and orjson refuses, or the reverse.
+    b"\xef\xbb\xbf[[1, 2, 3, 4]]",
+    b"[[1, 2, 3, 4]]\x00",
+    b"[[1, 2, 3, 4]]\f",
+    b"[[1,\v2, 3, 4]]",
+    b'{"instances": [[1, 2, 3, 4]], "instances": [[5, 6, 7, 8]]}',
+    b'{"instances": [[1, 2, 3, 4]]}}',
+    b" \t\r\n[[1, 2, 3, 4]] \t\r\n",
+    b"[[1.5e-320, 2.4703282292062327e-324, 2.4703282292062328e-324, 1e-400]]",  # subnormals, underflow
+    b"[[0.1, 0.2, 0.30000000000000004, 1.7976931348623157e308]]",
+    b"[[1.7976931348623159e308, 2, 3, 4]]",  # rounds past the largest double
     b"5",
     b'{"instances": 5}',
     b"[" * 70 + b"1" + b"]" * 70,
@@ -409,3 +430,36 @@ def test_numeric_json_fast_path_matches_on_any_records(array, metadata, key, as_
 def test_numeric_json_integers_round_as_numpy_rounds_them(rows, metadata):
     """64-bit integers beyond 2**53 are rounded to a double by the fast path as numpy does."""
     assert_same_as_record_by_record(json.dumps(rows).encode(), metadata)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=6),
+                  elements=st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                                     st.integers(-(2**63), 2**63 - 1))),
+       st.sampled_from([None, "instances", "data"]), st.sampled_from(["", " ", "\n\t "]))
+def test_flat_numeric_records_are_read_into_c_doubles(array, key, space):
+    """Flat records (and flat lists of numbers) take simdjson's reader, and it makes the
+    very array orjson's path makes; it is not left for orjson."""
+    listed = array.tolist()
+    text = json.dumps(listed if key is None else {key: listed}, separators=("," + space, ":" + space)).encode()
+    opening = text.index(b"[")
+    got = records._c_doubles(text, opening, key)
+    assert got is not None, text[:80]
+    parsed = orjson.loads(text)
+    expected = records._float64(parsed if key is None else parsed[key])
+    assert got.dtype == np.float64 and got.shape == expected.shape
+    assert got.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("text", [
+    b"[[18446744073709551616, 1]]",  # beyond 64 bits: orjson reads it as a float, simdjson stops
+    b"[[1, [2]], [3, 4]]",
+    b"[[1, 2], [3]]",
+    b"[[1, 2], 3]",
+    b"[[[1, 2]], [[3, 4]]]",  # records of more than one dimension: orjson's path
+    b"[[]]",
+    b"[]",
+    b"[[1, null]]",
+])
+def test_c_doubles_leaves_other_records_to_orjson(text):
+    assert records._c_doubles(text, 0, None) is None
