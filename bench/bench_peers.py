@@ -2,6 +2,7 @@ r"""Throughput side by side: our server against a bare Flask handler and PyTrito
 
     .venv/bin/python bench/bench_peers.py [--scenario protocols|compute|cores] [--seconds 8]
         [--rounds 2] [--pin] [--no-triton] [--pytriton-python /tmp/pytriton_venv/bin/python]
+        [--baseline GIT-REF]
 
 Scenarios (each prints one table):
   protocols (default)  the rows below, at batch 1 and 256, concurrency 16;
@@ -41,6 +42,10 @@ hidden). Then `hey` (apt-get install hey) drives each case at concurrency 16 for
 --seconds, interleaved round by round (A, B, C, ..., A, B, C, ...) so that noise on a
 shared machine hits all of them alike; each round's req/s is kept to show the spread.
 --pin pins every server to core 0 and hey to core 1 (the method of issue 11).
+--baseline REF (protocols scenario) also serves our server as it was at git commit REF
+(`git archive REF container`, run with this venv), in the same three protocols and
+interleaved with the rest, and adds a "vs REF" column: before/after ratios measured in one
+run on one machine. 622586f is the code issue 11's figures were measured on.
 
 Prints one table: req/s, p50/p99 latency, non-200 answers (and connection errors), and
 the ratio to the bare Flask peer and to PyTriton. It asserts nothing about speed.
@@ -381,7 +386,8 @@ def ratio(a: float, b: float | None) -> str:
 
 
 def report(cases: list[Case], args, title: str, notes: list[str], baselines: dict[str, tuple]) -> None:
-    """One table; `baselines` names the columns of ratios: title -> (server, protocol)."""
+    """One table; `baselines` names the columns of ratios: title -> (server, protocol), a
+    protocol of None meaning each row's own (the same server at an earlier commit)."""
     print()
     print(title)
     for note in notes:
@@ -397,8 +403,8 @@ def report(cases: list[Case], args, title: str, notes: list[str], baselines: dic
         s = stats[(c.server, c.protocol, c.batch)]
         per_round = "/".join(f"{v:.0f}" for v in s["rounds"])
         bad = f"{s['non200']}" + (f"+{s['errors']}e" if s["errors"] else "")
-        vs = " ".join(f"{ratio(s['rps'], stats.get((*base, c.batch), {}).get('rps')):>10}"
-                      for base in baselines.values())
+        vs = " ".join(f"{ratio(s['rps'], stats.get((server, protocol or c.protocol, c.batch), {}).get('rps')):>10}"
+                      for server, protocol in baselines.values())
         print(f"{c.label:{width}} {c.batch:5} {s['rps']:7.0f} {per_round:>15} {s['p50']:7.1f} {s['p99']:7.1f} "
               f"{s['cores_busy']:5.2f} {s['per_cpu']:9.0f} {bad:>8} {vs}  {c.correct}")
     print("req/s: all rounds together; per round: each round's req/s; p50: the median round's, p99: the worst "
@@ -420,11 +426,12 @@ class Bench:
         self.notes: list[str] = []
 
     def ours(self, label: str, protocols: list[str], x: dict, *, workers: int = 1, core: int | None = None,
-             hey_core: int | None = None, env: dict | None = None) -> None:
+             hey_core: int | None = None, env: dict | None = None, serve: Path | None = None) -> None:
         with pinned(core):
             server = ServerProcess(self.model_dir, {
                 "SMSERVE_LOG_LEVEL": self.args.log_level, "SMSERVE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
-                "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers), **(env or {})}, log_path=self.work / f"{label}.log")
+                "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers), **(env or {})}, log_path=self.work / f"{label}.log",
+                serve=serve)
             self.started.append(server)
             server.start()
         self._add(cases_for(label, server.url, protocols, x), server.proc.pid, hey_core)
@@ -500,8 +507,13 @@ def protocols_scenario(args, work: Path) -> None:
     x, expected = inputs_and_answers(build_model(model_dir), (1, MAX_BATCH))
     core = 0 if args.pin else None
     concurrency = args.concurrency or 16
+    baselines = {"flask": ("flask", "npy"), "triton": ("pytriton", "v2 binary")}
     with Bench(args, work, model_dir) as bench:
         bench.ours("ours", ["npy", "json", "v2 binary"], x, core=core)
+        if args.baseline:
+            label = f"ours@{args.baseline}"
+            bench.ours(label, ["npy", "json", "v2 binary"], x, core=core, serve=checkout(args.baseline, work))
+            baselines = {args.baseline[:10]: (label, None), **baselines}
         bench.flask("flask", x, core=core)
         bench.triton("pytriton", x, core=core)
         bench.run(expected, concurrency)
@@ -509,7 +521,18 @@ def protocols_scenario(args, work: Path) -> None:
            f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM} TorchScript, one worker and one torch thread per server; hey -c "
            f"{concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
            f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; our log level {args.log_level}",
-           bench.notes, {"flask": ("flask", "npy"), "triton": ("pytriton", "v2 binary")})
+           bench.notes, baselines)
+
+
+def checkout(ref: str, work: Path) -> Path:
+    """container/ as it was at git commit `ref`, unpacked under work/; its serve script."""
+    target = work / "baseline"
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "container"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        sys.exit(f"--baseline {ref}: git archive failed: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    return target / "container" / "serve"
 
 
 def compute_scenario(args, work: Path) -> None:
@@ -577,6 +600,9 @@ def main() -> None:
     parser.add_argument("--pytriton-python", default=os.environ.get("PYTRITON_PYTHON", sys.executable),
                         help="an interpreter that imports pytriton and torch (default $PYTRITON_PYTHON, else "
                              "this one); the module docstring says how to make one")
+    parser.add_argument("--baseline", metavar="GIT-REF",
+                        help="protocols scenario: also serve our server as it was at this commit, and add a "
+                             "'vs REF' column (622586f: the code issue 11 measured)")
     parser.add_argument("--log-level", default="warning",
                         help="our server's SMSERVE_LOG_LEVEL (info writes an access line per request)")
     args = parser.parse_args()
@@ -585,6 +611,8 @@ def main() -> None:
     if (args.pin or args.scenario == "cores") and (shutil.which("taskset") is None
                                                    or len(os.sched_getaffinity(0)) < 2):
         sys.exit("pinning needs taskset and two usable cores")
+    if args.baseline and args.scenario != "protocols":
+        sys.exit("--baseline is for --scenario protocols")
     if args.pin and args.scenario == "cores":
         sys.exit("--scenario cores pins its one-core case itself; drop --pin")
     work = Path(tempfile.mkdtemp(prefix="bench_peers_"))

@@ -27,7 +27,10 @@ def free_port() -> int:
 class ServerProcess:
     """`container/serve serve` as a subprocess: the real gunicorn, on a free port."""
 
-    def __init__(self, model_dir: Path | str, env: dict[str, str] | None = None, log_path: Path | None = None):
+    def __init__(self, model_dir: Path | str, env: dict[str, str] | None = None, log_path: Path | None = None,
+                 serve: Path | None = None):
+        """serve: another checkout's container/serve (a benchmark's earlier version)."""
+        self.serve = serve or SERVE
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -50,7 +53,7 @@ class ServerProcess:
         try:
             # Its own session, so the whole tree (gunicorn and its workers) can be
             # killed as one group if SIGTERM is not enough.
-            self.proc = subprocess.Popen([sys.executable, str(SERVE), "serve"], env=self.env, stdout=log,
+            self.proc = subprocess.Popen([sys.executable, str(self.serve), "serve"], env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             if log is not subprocess.DEVNULL:
