@@ -269,9 +269,14 @@ def check_registry_manifest(host: str, repository: str, digest: str, username: s
     try:
         response = requests.head(url, headers=headers, timeout=30, verify=not insecure)
         if response.status_code == 401:
-            auth = _registry_auth(response.headers.get("WWW-Authenticate", ""), repository, username, password, insecure)
-            if auth is None:
+            challenge = response.headers.get("WWW-Authenticate", "")
+            auth = _registry_auth(challenge, repository, username, password, insecure)
+            if auth is None and not username:
                 say(f"note: {host} wants a login to read the manifest back; pass --username to check its format here")
+                return
+            if auth is None:
+                say(f"note: could not answer {host}'s login challenge ({challenge[:100]!r}) to read the manifest back; "
+                    "SageMaker needs Docker v2 schema 2")
                 return
             response = requests.head(url, headers={**headers, **auth}, timeout=30, verify=not insecure)
     except requests.RequestException as error:
@@ -299,6 +304,8 @@ def _registry_auth(challenge: str, repository: str, username: str | None, passwo
         return {"Authorization": f"Basic {token}"}
     if scheme.lower() == "bearer":
         fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
+        if not fields.get("realm"):
+            return None  # no token service named: nothing to ask for a token
         query = {"service": fields.get("service", ""), "scope": fields.get("scope") or f"repository:{repository}:pull"}
         answer = requests.get(fields["realm"], params=query, auth=(username, password), timeout=30, verify=not insecure)
         answer.raise_for_status()

@@ -280,3 +280,34 @@ def test_registry_login_flags_are_refused_for_ecr(aws_env, boto, cli):
     assert (status, out) == (1, "")
     assert err.splitlines()[-1] == "error: --username, --password-stdin and --insecure are for --registry; ECR logs in with your AWS credentials"
     assert engine.calls == [] and boto("ecr").describe_repositories()["repositories"] == []
+
+
+@pytest.mark.parametrize("challenge", ['Bearer service="registry.example.com"', "Bearer", 'Negotiate abc'])
+def test_a_login_challenge_the_tool_cannot_answer_is_a_note_not_a_crash(challenge, capsys):
+    """The read-back of a pushed manifest meets a 401 whose challenge names no token
+    service (or a scheme other than Basic and Bearer): the push stands, and it says so."""
+    import http.server
+    import threading
+
+    from deploy import push
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 - http.server's name
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", challenge)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        push.check_registry_manifest(f"127.0.0.1:{server.server_port}", "team/digits", "sha256:" + "0" * 64,
+                                     "ci", "secret", insecure=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+    note = capsys.readouterr().err.strip().splitlines()[-1]
+    assert note.startswith(f"note: could not answer 127.0.0.1:{server.server_port}'s login challenge"), note
