@@ -5,7 +5,8 @@
     .venv/bin/python bench/bench_ping_stall.py --kill-worker [--seconds 30]
 
 Big bodies: one request at a time (40 MB JSON, 40 MB CSV, ~40 MB JSON Lines, 50 MB .npy
-with a JSON answer, 50 MB v2 binary with a JSON and with a binary answer) while a second
+with a JSON answer, 50 MB v2 binary with a JSON and with a binary answer, and a 50 MB
+.npy message in a WebSocket session at /invocations-bidirectional-stream) while a second
 connection GETs /ping every 10 ms until the big request has its answer; prints the
 request's seconds and the ping p50/p99/max. SageMaker's health check times out at 2 s;
 the target is p99 under 50 ms.
@@ -59,7 +60,10 @@ BIG_BODIES = [
     ("npy, JSON answer", lambda: npy_body(_digits(50 * MB // 256))),
     ("v2 binary, JSON answer", lambda: sagemaker_binary_body(_digits(50 * MB // 256), binary_out=False)),
     ("v2 binary, binary answer", lambda: sagemaker_binary_body(_digits(50 * MB // 256), binary_out=True)),
+    # One binary message (.npy, a session's default binary type) in a WebSocket session.
+    ("WebSocket npy message", lambda: (WEBSOCKET_PATH, npy_body(_digits(50 * MB // 256))[1], {})),
 ]
+WEBSOCKET_PATH = "/invocations-bidirectional-stream"
 
 
 def _ping_until(port: int, done: threading.Event, period: float) -> tuple[list[float], list[str]]:
@@ -81,18 +85,35 @@ def _ping_until(port: int, done: threading.Event, period: float) -> tuple[list[f
 
 
 def _send_big(port: int, path: str, body: bytes, headers: dict, results, done) -> None:
-    client = Client(port, timeout=300)
     started = time.perf_counter()
     result = {"answer_bytes": 0}
-    try:
-        result["status"], answer = client.request("POST", path, body, headers)
-        result["answer_bytes"] = len(answer)
-    except (OSError, ConnectionError) as e:
-        result["status"] = f"{type(e).__name__}"
+    if path == WEBSOCKET_PATH:
+        result.update(_send_websocket_message(port, body))
+    else:
+        client = Client(port, timeout=300)
+        try:
+            result["status"], answer = client.request("POST", path, body, headers)
+            result["answer_bytes"] = len(answer)
+        except (OSError, ConnectionError) as e:
+            result["status"] = f"{type(e).__name__}"
+        client.close()
     result["seconds"] = time.perf_counter() - started
-    client.close()
     results.put(result)
     done.set()
+
+
+def _send_websocket_message(port: int, message: bytes) -> dict:
+    """One message, its one answer; status 200 for an answer that is not an error."""
+    from websockets.sync.client import connect
+
+    try:
+        with connect(f"ws://127.0.0.1:{port}{WEBSOCKET_PATH}", max_size=None, open_timeout=30) as ws:
+            ws.send(message)
+            answer = ws.recv(timeout=300)
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        return {"status": type(e).__name__}
+    failed = isinstance(answer, str) and answer.startswith('{"error"')
+    return {"status": "error" if failed else 200, "answer_bytes": len(answer)}
 
 
 def big_bodies(args) -> int:

@@ -48,7 +48,7 @@ from gunicorn.http import wsgi
 from gunicorn.http.parser import RequestParser
 from gunicorn.workers import base
 
-from . import access, websocket
+from . import access, turns, websocket
 from .errors import json_error_body
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,6 @@ REASONS = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout"
            426: "Upgrade Required", 431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
            503: "Service Unavailable"}
 READ_SIZE = 1024 * 1024
-# Longest the loop runs one greenlet's busy work (reading a body that keeps arriving)
-# before it lets the others (a /ping) have a turn.
-LOOP_TURN_S = 0.002
 # CPython's default is 5 ms; 1 ms measured no loss of throughput at batch 1 or 256
 # (bench_peers, both in one run) and a CSV body's /ping p99 fell from 44-227 ms to 11-20.
 GIL_SWITCH_S = 0.001
@@ -407,7 +404,7 @@ class GeventModelWorker(base.Worker):
         try:
             with gevent.Timeout(self.settings.body_timeout,
                                 _ClientError(408, f"request body not received within {self.settings.body_timeout} s")):
-                turn = time.monotonic()
+                turn = turns.Turn()
                 while True:
                     data = req.body.read(READ_SIZE)
                     if not data:
@@ -423,14 +420,7 @@ class GeventModelWorker(base.Worker):
                         grown.write(data)
                     else:
                         first = data
-                    # recv() yields to the loop only when the socket is empty; a client
-                    # that keeps it full (a fast sender of a big body) would otherwise
-                    # hold the loop, and /ping, for the whole body.
-                    if time.monotonic() - turn > LOOP_TURN_S:
-                        # (sleep(0) may resume this greenlet before the loop polls for
-                        # I/O again; any positive time waits for the next poll.)
-                        gevent.sleep(LOOP_TURN_S / 20)
-                        turn = time.monotonic()
+                    turn.take()  # a fast sender of a big body must not hold the loop
         except (http_errors.ParseException, http_errors.NoMoreData) as e:
             status, message = _parse_error(e)
             raise _ClientError(status, f"malformed request body: {message}") from None
