@@ -47,8 +47,10 @@ shared machine hits all of them alike; each round's req/s is kept to show the sp
 interleaved with the rest, and adds a "vs REF" column: before/after ratios measured in one
 run on one machine. 622586f is the code issue 11's figures were measured on.
 
-Prints one table: req/s, p50/p99 latency, non-200 answers (and connection errors), and
-the ratio to the bare Flask peer and to PyTriton. It asserts nothing about speed.
+Prints one table: req/s, p50/p99 latency, non-200 answers (and connection errors), our
+server's /ping p99 under that load (a GET every 50 ms on a kept-alive connection, as
+SageMaker's health check), and the ratio to the bare Flask peer and to PyTriton. It
+asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -75,11 +78,12 @@ sys.path.insert(0, str(ROOT))
 
 from local_test.server_process import ServerProcess, free_port  # noqa: E402
 
-from _harness import run_hey  # noqa: E402
+from _harness import pct, run_hey  # noqa: E402
 
 MODEL_NAME, IN_NAME, OUT_NAME = "mlp", "x", "y"
 IN_DIM, HIDDEN, OUT_DIM, MAX_BATCH = 64, 256, 16, 256
 IHCL = "Inference-Header-Content-Length"
+PING_PERIOD_S = 0.05
 NPY = "application/x-npy"
 
 PEER_APP = '''\
@@ -196,6 +200,7 @@ class Case:
         self.correct: str = "?"
         self.session: int | None = None  # the server's session id: its CPU time is summed
         self.hey_core: int | None = None  # taskset hey to this core
+        self.ping_url: str | None = None  # our servers' /ping, sampled during the load
 
     @property
     def label(self) -> str:
@@ -263,12 +268,50 @@ def hey(case: Case, seconds: float, concurrency: int, workdir: Path, pin: bool) 
     body = workdir / "body.bin"
     body.write_bytes(case.body)
     cpu_before = session_cpu_seconds(case.session)
-    out = run_hey(case.url, body, case.headers, seconds, concurrency, core=1 if pin else case.hey_core)
+    with Pinger(case.ping_url) as pinger:
+        out = run_hey(case.url, body, case.headers, seconds, concurrency, core=1 if pin else case.hey_core)
     cpu = session_cpu_seconds(case.session) - cpu_before
     statuses = out["statuses"]
     return {"n": sum(statuses.values()), "elapsed": out["elapsed"],
             "p50": out["latency"].get("50", float("nan")), "p99": out["latency"].get("99", float("nan")),
-            "non200": sum(n for code, n in statuses.items() if code != 200), "errors": out["errors"], "cpu": cpu}
+            "non200": sum(n for code, n in statuses.items() if code != 200), "errors": out["errors"], "cpu": cpu,
+            "pings": pinger.latencies, "ping_failures": pinger.failures}
+
+
+class Pinger:
+    """GET /ping every PING_PERIOD_S on a kept-alive connection while the load runs, as
+    SageMaker's health check does: the ms each took, and how many failed (not 200, or
+    none within 2 s, SageMaker's limit). A url of None pings nothing."""
+
+    def __init__(self, url: str | None):
+        self.url = url
+        self.latencies: list[float] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with requests.Session() as session:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                try:
+                    ok = session.get(self.url, timeout=2).status_code == 200
+                except requests.RequestException:
+                    ok = False
+                elapsed = time.perf_counter() - started
+                self.latencies.append(elapsed * 1000)
+                self.failures += not ok
+                self._stop.wait(max(0.0, PING_PERIOD_S - elapsed))
+
+    def __enter__(self) -> "Pinger":
+        if self.url:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.url:
+            self._thread.join()
 
 
 # ---------------------------------------------------------------- servers
@@ -378,7 +421,9 @@ def summary(case: Case) -> dict:
             "p99": max((r["p99"] for r in case.rounds), default=float("nan")),
             "per_cpu": n / cpu if cpu and cpu == cpu else float("nan"),
             "cores_busy": cpu / elapsed if elapsed else float("nan"),
-            "non200": sum(r["non200"] for r in case.rounds), "errors": sum(r["errors"] for r in case.rounds)}
+            "non200": sum(r["non200"] for r in case.rounds), "errors": sum(r["errors"] for r in case.rounds),
+            "ping_p99": pct([ms for r in case.rounds for ms in r["pings"]], 99),
+            "ping_failures": sum(r["ping_failures"] for r in case.rounds)}
 
 
 def ratio(a: float, b: float | None) -> str:
@@ -395,7 +440,7 @@ def report(cases: list[Case], args, title: str, notes: list[str], baselines: dic
     stats = {(c.server, c.protocol, c.batch): summary(c) for c in cases}
     width = max([len("server, protocol")] + [len(c.label) for c in cases])
     header = (f"{'server, protocol':{width}} {'batch':>5} {'req/s':>7} {'per round':>15} {'p50 ms':>7} {'p99 ms':>7} "
-              f"{'cores':>5} {'req/cpu-s':>9} {'non-200':>8} "
+              f"{'cores':>5} {'req/cpu-s':>9} {'non-200':>8} {'ping p99':>8} "
               + " ".join(f"{'vs ' + name:>10}" for name in baselines) + "  answer")
     print(header)
     print("-" * len(header))
@@ -405,12 +450,15 @@ def report(cases: list[Case], args, title: str, notes: list[str], baselines: dic
         bad = f"{s['non200']}" + (f"+{s['errors']}e" if s["errors"] else "")
         vs = " ".join(f"{ratio(s['rps'], stats.get((server, protocol or c.protocol, c.batch), {}).get('rps')):>10}"
                       for server, protocol in baselines.values())
+        ping = "-" if s["ping_p99"] != s["ping_p99"] else f"{s['ping_p99']:.0f}" + (
+            f"+{s['ping_failures']}f" if s["ping_failures"] else "")
         print(f"{c.label:{width}} {c.batch:5} {s['rps']:7.0f} {per_round:>15} {s['p50']:7.1f} {s['p99']:7.1f} "
-              f"{s['cores_busy']:5.2f} {s['per_cpu']:9.0f} {bad:>8} {vs}  {c.correct}")
+              f"{s['cores_busy']:5.2f} {s['per_cpu']:9.0f} {bad:>8} {ping:>8} {vs}  {c.correct}")
     print("req/s: all rounds together; per round: each round's req/s; p50: the median round's, p99: the worst "
           "round's;\ncores: the server's CPU-seconds per second (all its processes); req/cpu-s: requests per "
-          "CPU-second of the server;\nnon-200: answers that were not 200 (+Ne: connection errors); vs X: req/s over "
-          "X's at the same batch; answer: the check before the load.")
+          "CPU-second of the server;\nnon-200: answers that were not 200 (+Ne: connection errors); ping p99: our "
+          f"server's /ping, GET every {PING_PERIOD_S * 1000:.0f} ms during the load, all rounds (+Nf: not 200 within "
+          "2 s);\nvs X: req/s over X's at the same batch; answer: the check before the load.")
 
 
 # ---------------------------------------------------------------- servers of a scenario
@@ -434,7 +482,10 @@ class Bench:
                 serve=serve)
             self.started.append(server)
             server.start()
-        self._add(cases_for(label, server.url, protocols, x), server.proc.pid, hey_core)
+        cases = cases_for(label, server.url, protocols, x)
+        for c in cases:
+            c.ping_url = server.url + "/ping"
+        self._add(cases, server.proc.pid, hey_core)
 
     def flask(self, label: str, x: dict, *, workers: int = 1, core: int | None = None,
               hey_core: int | None = None) -> None:
