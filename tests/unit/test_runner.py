@@ -88,3 +88,28 @@ def test_a_model_without_batching_gets_each_request_whole():
     runner.start(model, max_batch_size=0)
     out = runner.infer({"x": np.ones((300, 2), np.float32)})
     assert out["y"].shape == (300, 2) and model.batches == [300]
+
+
+def test_model_code_runs_below_the_event_loops_cpu_priority():
+    """The inference thread (and the threads it starts, such as torch's intra-op pool)
+    runs at INFERENCE_NICE above the loop's nice value, so /ping and request I/O get the
+    CPU first when forward passes keep a core busy."""
+    import os
+
+    from smserve import runner as runner_module
+
+    loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    runner = Runner()
+
+    def niceness():
+        own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen = []
+        child = threading.Thread(target=lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        child.start()
+        child.join()
+        return own, seen[0]
+
+    own, started = runner.call(niceness)
+    expected = min(19, loop_nice + runner_module.INFERENCE_NICE)
+    assert (own, started) == (expected, expected)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
