@@ -29,10 +29,8 @@ MAX_JSON_DEPTH = 100
 SLICED_JSON_MIN_BYTES = 1024 * 1024
 
 _WHITESPACE = b" \t\r\n\f\v"
-# What makes a line blank, and a line holding nothing else (in a slice that starts at a
-# line start).
+# What a blank line holds.
 _BLANK = " \t\r\f\v"
-_BLANK_LINE = re.compile(rb"(?m)^[ \t\r\f\v]*$")
 # The plain spelling of a number, which np.loadtxt and float() read alike; any other
 # cell (other whitespace, nan, inf, junk) is judged by np.loadtxt itself.
 _FINITE = re.compile(r"[ \t]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*")
@@ -95,9 +93,9 @@ def csv(body: bytes, size: int | None = None) -> np.ndarray:
 
 
 def _csv_piece(piece: bytes, columns: int) -> np.ndarray | None:
-    """The slice's rows, or None when any of its lines is bad."""
-    if _BLANK_LINE.search(piece):
-        return None  # (np.loadtxt would skip it)
+    """The slice's rows, or None when any of its lines is bad. A blank line needs no
+    search of its own (a regex over every slice was a quarter of the decode): np.loadtxt
+    skips it or refuses it, and either way the row count below or the parse fails."""
     if piece.count(b"\r") != piece.count(b"\r\n") + piece.endswith(b"\r"):
         return None  # a lone CR: np.loadtxt would take it as a line end
     try:
