@@ -26,17 +26,6 @@ ARG TORCH_INDEX_URL=https://pypi.org/simple
 # A directory of local wheels (mounted into the build with -v) searched with the index.
 ARG TORCH_FIND_LINKS=
 
-# gunicorn-h1c, gunicorn's C request parser, is published as source only: the builder
-# compiles it, with a C compiler and Python's headers (Debian's python3-dev where the
-# base image's Python lacks them). The image gets the built venv, not the compiler.
-# (Unpinned: Debian's point releases replace a pinned version, and these only compile.)
-# hadolint ignore=DL3008
-RUN if python3 -c "import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; \
-    then headers=; else headers=python3-dev; fi \
-    && apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev ${headers} \
-    && rm -rf /var/lib/apt/lists/*
-
 # One layer: the lock changes only when a pin does, and then torch's layer would be
 # rebuilt anyway. --no-deps: each lock is complete; pip check proves the set consistent.
 COPY lock/image.txt lock/image-no-torch.txt /tmp/lock/

@@ -41,19 +41,6 @@ control_socket_disable = True
 
 def when_ready(server):
     server.log.info("%d worker%s: %s", workers, "" if workers == 1 else "s", _workers_reason)
-    server.log.info("HTTP request parser: %s", http_parser_in_use(server.cfg))
-
-
-def http_parser_in_use(cfg) -> str:
-    """gunicorn parses request heads in C when gunicorn_h1c is installed (the image
-    builds it), else in Python, several times slower per request."""
-    from gunicorn.http import message
-
-    try:
-        fast = message._check_fast_parser(cfg)
-    except (AttributeError, RuntimeError):  # another gunicorn than the lock's
-        fast = False
-    return "C (gunicorn_h1c)" if fast else "Python (gunicorn_h1c is not installed)"
 
 
 def pre_fork(server, worker):
