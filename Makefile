@@ -38,13 +38,8 @@ install: $(STAMP) ## The .venv from the lock (TORCH_VARIANT=cpu|cuda; VENV=path)
 
 # Every package pinned and hashed (--require-hashes, --no-deps: the lock is complete);
 # torch's CPU build is not on PyPI, so it is pinned by version, not hash (lock/README.md).
-# gunicorn-h1c (gunicorn's C request parser) is on PyPI as source only, so the lock's
-# install compiles it: the check says what to install instead of failing inside pip.
 $(STAMP): $(LOCK)
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
-	@command -v cc >/dev/null && $(PY) -c "import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
-		|| { echo "make install: gunicorn-h1c builds from source and needs a C compiler and Python's headers:" \
-		          "apt-get install gcc python3-dev (or your Python's -dev package)" >&2; exit 1; }
 	$(PY) -m pip install --require-hashes --no-deps -r $(LOCK)
 ifeq ($(TORCH_VARIANT),cpu)
 	$(PY) -m pip install --no-deps --no-index "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
