@@ -170,26 +170,18 @@ def jsonlines(body: bytes, size: int | None = None) -> np.ndarray:
 
 
 def _numeric_lines(piece: bytes) -> np.ndarray | None:
-    """A slice of lines of numbers and lists in one orjson call; None when it holds
+    """A slice of lines of numbers and lists in one parse (_numeric_list); None when it holds
     anything else (objects, strings, null, true/false, a blank line) or does not parse.
     A blank line needs no search of its own (a regex over the slice cost more than the
     parse): it leaves an empty element between two commas, which is not JSON."""
     if any(piece.find(byte) >= 0 for byte in _NOT_NUMERIC_JSON):
         return None
-    text = b"[" + piece.replace(b"\n", b",") + b"]"
-    lines = piece.count(b"\n") + 1
-    array = _c_doubles(text, 0, None)
-    if array is not None:
-        # (a line holding two values, "[1],[2]", makes one row too many: the
+    array = _numeric_list(b"[" + piece.replace(b"\n", b",") + b"]")
+    if array is None or len(array) != piece.count(b"\n") + 1:
+        # (a line holding two values, "[1],[2]", makes a row too many: the
         # line-by-line parse says so)
-        return array if len(array) == lines else None
-    try:
-        records = orjson.loads(text)
-        if len(records) != lines:
-            return None
-        return _float64(records)
-    except (orjson.JSONDecodeError, ValueError, TypeError, OverflowError):
         return None
+    return array
 
 
 def _parsed_lines(piece: bytes, first: int, shape: tuple | None) -> np.ndarray:
@@ -328,12 +320,23 @@ def _c_doubles(text: bytes, opening: int, key: str | None) -> np.ndarray | None:
         width = len(first)
         if not width or brackets != rows + 1 or flat.size != rows * width:
             return None
-        array = simdjson.Array
         for row in values:
-            if type(row) is not array or len(row) != width:
+            if type(row) is not simdjson.Array or len(row) != width:
                 return None
         return flat.reshape(rows, width)
     except Exception:  # noqa: BLE001 - simdjson's own refusals: orjson's path judges the text
+        return None
+
+
+def _numeric_list(text: bytes) -> np.ndarray | None:
+    """A JSON list of numeric records as float64: simdjson's reader for flat records,
+    orjson and the conversion for any other shape; None when it is neither."""
+    array = _c_doubles(text, 0, None)
+    if array is not None:
+        return array
+    try:
+        return _float64(orjson.loads(text))
+    except (orjson.JSONDecodeError, ValueError, TypeError, OverflowError):
         return None
 
 
@@ -388,13 +391,9 @@ def _numeric_records(body: bytes, size: int):
         return None
     parts = []
     for a, b in zip(cuts, cuts[1:]):
-        piece = b"[" + body[a + 1 : b] + b"]"
-        array = _c_doubles(piece, 0, None)
+        array = _numeric_list(b"[" + body[a + 1 : b] + b"]")
         if array is None:
-            try:
-                array = _float64(orjson.loads(piece))
-            except (orjson.JSONDecodeError, ValueError, TypeError, OverflowError):
-                return None  # the one-shot parse names the error
+            return None  # the one-shot parse names the error
         parts.append(array)
         if parts[-1].shape[1:] != parts[0].shape[1:]:
             return None
