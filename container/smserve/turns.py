@@ -28,13 +28,3 @@ class Turn:
             gevent.sleep(LOOP_TURN_S / 20)
             self.since = time.monotonic()
 
-
-def share_loop() -> None:
-    """Yield if the loop has run greenlets for LOOP_TURN_S without polling for I/O.
-
-    A finished batch wakes every request in it at once, and each then writes its
-    answer: dozens of greenlets that run one after another before the loop looks at
-    its sockets again, with a /ping waiting behind all of them. The loop's clock
-    (libev's, updated at each poll) says how long ago it last looked."""
-    if time.time() - gevent.get_hub().loop.now() > LOOP_TURN_S:
-        gevent.sleep(LOOP_TURN_S / 20)

@@ -294,7 +294,6 @@ class GeventModelWorker(base.Worker):
                 gevent_socket.wait_read(sock.fileno(), timeout=idle, timeout_exc=_Close)
             conn.busy = True
             first = False
-            turns.share_loop()  # requests arriving together: /ping must not wait for all
             try:
                 with gevent.Timeout(self.settings.header_timeout, _ClientError(408, "request head not received in time")):
                     req = next(parser)
@@ -359,7 +358,6 @@ class GeventModelWorker(base.Worker):
             environ.pop("HTTP_TRANSFER_ENCODING", None)
             environ["smserve.worker"] = self
             respiter = self.wsgi(environ, resp.start_response)
-        turns.share_loop()  # answers woken together by a batch: /ping must not wait for all
         try:
             for item in respiter:
                 resp.write(item)
