@@ -1,6 +1,6 @@
 """Shared by the benchmarks: request bodies for every content type, a keep-alive raw
-HTTP client, `hey` run and its summary parsed, the worker processes seen from /proc,
-percentiles."""
+HTTP client, `hey` run and its summary parsed, a /ping sampler for the time a load runs,
+the worker processes seen from /proc, percentiles."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -214,6 +216,42 @@ def run_hey(url: str, body: Path, headers: dict, seconds: float, concurrency: in
         "slowest": seconds_of("Slowest"),
         "average": seconds_of("Average"),
     }
+
+
+class Pinger:
+    """GET `url` every `period` seconds on a kept-alive connection while a load runs, as
+    SageMaker's health check does: the ms each took, and how many failed (not 200, or no
+    answer within `timeout`). A url of None pings nothing."""
+
+    def __init__(self, url: str | None, period: float, timeout: float = 2):
+        self.url, self.period, self.timeout = url, period, timeout
+        self.latencies: list[float] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with requests.Session() as session:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                try:
+                    ok = session.get(self.url, timeout=self.timeout).status_code == 200
+                except requests.RequestException:
+                    ok = False
+                elapsed = time.perf_counter() - started
+                self.latencies.append(elapsed * 1000)
+                self.failures += not ok
+                self._stop.wait(max(0.0, self.period - elapsed))
+
+    def __enter__(self) -> "Pinger":
+        if self.url:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.url:
+            self._thread.join()
 
 
 def pct(values, q: float) -> float:

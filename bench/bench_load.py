@@ -15,12 +15,8 @@ import json
 import shutil
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import numpy as np
-import requests
 from sklearn.datasets import load_digits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from local_test.server_process import ServerProcess  # noqa: E402
 
-from _harness import run_hey  # noqa: E402
+from _harness import Pinger, pct, run_hey  # noqa: E402
 
 
 def hey(url: str, body: Path, seconds: int, concurrency: int) -> dict:
@@ -37,33 +33,18 @@ def hey(url: str, body: Path, seconds: int, concurrency: int) -> dict:
             "statuses": out["statuses"]}
 
 
-def ping_while(url: str, stop: threading.Event) -> list[float]:
-    """Sequential /ping round trips, in ms, until stop is set."""
-    timings = []
-    session = requests.Session()
-    while not stop.is_set():
-        started = time.perf_counter()
-        session.get(url + "/ping", timeout=10)
-        timings.append((time.perf_counter() - started) * 1000)
-        time.sleep(0.02)
-    return timings
-
-
 def run(model_dir: Path, env: dict, body: Path, args, log: Path) -> dict:
     # `with` starts it and stops it, whatever happens in between (or while it starts).
     with ServerProcess(model_dir, {"SMSERVE_LOG_LEVEL": "warning", "SMSERVE_TORCH_THREADS": "", **env},
                        log_path=log) as server:
         hey(server.url, body, 2, args.concurrency)  # warm up
-        stop = threading.Event()
-        pings: list[float] = []
-        pinger = threading.Thread(target=lambda: pings.extend(ping_while(server.url, stop)))
-        pinger.start()
-        result = hey(server.url, body, args.seconds, args.concurrency)
-        stop.set()
-        pinger.join()
-    result["ping_p50"] = float(np.percentile(pings, 50))
-    result["ping_p99"] = float(np.percentile(pings, 99))
+        with Pinger(server.url + "/ping", period=0.02, timeout=10) as pinger:
+            result = hey(server.url, body, args.seconds, args.concurrency)
+    pings = pinger.latencies
+    result["ping_p50"] = pct(pings, 50)
+    result["ping_p99"] = pct(pings, 99)
     result["ping_max"] = max(pings)
+    result["ping_failures"] = pinger.failures
     return result
 
 
@@ -87,7 +68,8 @@ def main() -> None:
     print(f"{'mode':22} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ping p50':>9} {'ping p99':>9} {'ping max':>9}  statuses")
     for name, r in runs.items():
         print(f"{name:22} {r['rps']:8.0f} {r['p50']:8.1f} {r['p99']:8.1f} "
-              f"{r['ping_p50']:9.1f} {r['ping_p99']:9.1f} {r['ping_max']:9.1f}  {r['statuses']}")
+              f"{r['ping_p50']:9.1f} {r['ping_p99']:9.1f} {r['ping_max']:9.1f}  {r['statuses']}"
+              + (f"; {r['ping_failures']} pings failed" if r["ping_failures"] else ""))
     batched, single = runs.values()
     print(f"dynamic batching / none: {batched['rps'] / single['rps']:.2f}x requests/s")
 

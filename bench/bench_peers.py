@@ -65,7 +65,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -78,7 +77,7 @@ sys.path.insert(0, str(ROOT))
 
 from local_test.server_process import ServerProcess, free_port  # noqa: E402
 
-from _harness import pct, run_hey  # noqa: E402
+from _harness import Pinger, pct, run_hey  # noqa: E402
 
 MODEL_NAME, IN_NAME, OUT_NAME = "mlp", "x", "y"
 IN_DIM, HIDDEN, OUT_DIM, MAX_BATCH = 64, 256, 16, 256
@@ -268,7 +267,7 @@ def hey(case: Case, seconds: float, concurrency: int, workdir: Path, pin: bool) 
     body = workdir / "body.bin"
     body.write_bytes(case.body)
     cpu_before = session_cpu_seconds(case.session)
-    with Pinger(case.ping_url) as pinger:
+    with Pinger(case.ping_url, PING_PERIOD_S) as pinger:
         out = run_hey(case.url, body, case.headers, seconds, concurrency, core=1 if pin else case.hey_core)
     cpu = session_cpu_seconds(case.session) - cpu_before
     statuses = out["statuses"]
@@ -276,42 +275,6 @@ def hey(case: Case, seconds: float, concurrency: int, workdir: Path, pin: bool) 
             "p50": out["latency"].get("50", float("nan")), "p99": out["latency"].get("99", float("nan")),
             "non200": sum(n for code, n in statuses.items() if code != 200), "errors": out["errors"], "cpu": cpu,
             "pings": pinger.latencies, "ping_failures": pinger.failures}
-
-
-class Pinger:
-    """GET /ping every PING_PERIOD_S on a kept-alive connection while the load runs, as
-    SageMaker's health check does: the ms each took, and how many failed (not 200, or
-    none within 2 s, SageMaker's limit). A url of None pings nothing."""
-
-    def __init__(self, url: str | None):
-        self.url = url
-        self.latencies: list[float] = []
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with requests.Session() as session:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                try:
-                    ok = session.get(self.url, timeout=2).status_code == 200
-                except requests.RequestException:
-                    ok = False
-                elapsed = time.perf_counter() - started
-                self.latencies.append(elapsed * 1000)
-                self.failures += not ok
-                self._stop.wait(max(0.0, PING_PERIOD_S - elapsed))
-
-    def __enter__(self) -> "Pinger":
-        if self.url:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self.url:
-            self._thread.join()
 
 
 # ---------------------------------------------------------------- servers
