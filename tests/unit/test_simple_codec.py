@@ -463,3 +463,56 @@ def test_flat_numeric_records_are_read_into_c_doubles(array, key, space):
 ])
 def test_c_doubles_leaves_other_records_to_orjson(text):
     assert records._c_doubles(text, 0, None) is None
+
+
+def test_c_doubles_arrays_outlive_the_threads_next_parse():
+    """Each thread reuses one simdjson parser: an array taken from one body must not
+    change when the same parser reads the next body, a refused one, or a body too big
+    to keep the parser's buffers for (which gets a parser of its own)."""
+    first = records._c_doubles(b"[[1.5, 2.5], [3.5, 4.5]]", 0, None)
+    kept = first.copy()
+    assert records._c_doubles(b"[[9, 9, 9]]", 0, None).tolist() == [[9.0, 9.0, 9.0]]
+    assert records._c_doubles(b'[[1, "x"]]', 0, None) is None
+    assert records._c_doubles(b"[[1, 2], [3", 0, None) is None
+    assert records._parser(10) is records._parser(10)
+    big = b"[" + b",".join([b"[0.25, 0.5]"] * (records._PARSER_REUSE_MAX_BYTES // 10)) + b"]"
+    assert records._parser(len(big)) is not records._parser(10)
+    assert records._c_doubles(big, 0, None).shape == (records._PARSER_REUSE_MAX_BYTES // 10, 2)
+    assert np.array_equal(first, kept)
+    assert records._c_doubles(b"[[7, 8]]", 0, None).tolist() == [[7.0, 8.0]]
+
+
+@pytest.mark.parametrize("body, taken", [
+    (b'{"instances": [[1, 2], [3, 4]]}', True),
+    (b"[1, 2, 3]", True),
+    (b'{"data": [[1, 2]], "other": 1}', False),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}', False),
+    (b'[[1, "2"]]', False),
+    (b"[[1, 2], [3]]", False),
+    (b'{"instances": [[1, 2]]', False),
+])
+def test_c_records_takes_flat_numeric_records_alone(body, taken):
+    """What the JSON protocol reads on the event loop: flat numeric records under one
+    key (or bare), exactly as parse_document gives them; every other body is left to
+    parse_document on a codec thread, which then does not run the C reader again."""
+    found = records.c_records(body)
+    assert (found is not None) == taken
+    if taken:
+        expected = records.parse_document(body)
+        got, want = (found, expected) if isinstance(found, np.ndarray) else (found["instances"], expected["instances"])
+        assert np.array_equal(got, want)
+    else:
+        try:
+            expected = records.parse_document(body)
+        except BadRequest:
+            with pytest.raises(BadRequest):
+                records.parse_document(body, c_tried=True)
+        else:
+            again = records.parse_document(body, c_tried=True)
+            assert type(again) is type(expected) and repr(again) == repr(expected)
+
+
+def test_c_records_leaves_a_sliced_body_to_the_sliced_reader():
+    body = b"[" + b",".join([b"[0.125, 1]"] * (records.SLICED_JSON_MIN_BYTES // 9)) + b"]"
+    assert records.c_records(body) is None
+    assert records.parse_document(body).shape == (records.SLICED_JSON_MIN_BYTES // 9, 2)
