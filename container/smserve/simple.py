@@ -84,13 +84,13 @@ def decode_json(document, metadata: ModelMetadata) -> dict[str, np.ndarray]:
     return shape_inputs(_records_from_json(document), metadata)
 
 
-def parse_json(body: bytes, where: str = "request body"):
+def parse_json(body: bytes, where: str = "request body", c_tried: bool = False):
     """The JSON document, parsed strictly. A non-empty list of records holding only
     numbers and lists (bare or under one of RECORD_KEYS) comes back as a float64
     ndarray in its place, which decode_json takes and v2.is_v2_document refuses: no
     type check per record, and a big one is parsed in bounded slices. Anything else
     comes back as parsed, and _as_array checks and converts it record by record."""
-    return records.parse_document(body, where)
+    return records.parse_document(body, where, c_tried=c_tried)
 
 
 def _records_from_json(document):

@@ -1,0 +1,79 @@
+"""The JSON protocol's choice of thread: flat numeric records are read on the event
+loop (simdjson's C reader holds the GIL on any thread, so a codec thread would free
+nothing); any other JSON body goes through the server's codec step, once."""
+
+import orjson
+import pytest
+
+from smserve import protocols
+from smserve.errors import BadRequest
+from smserve.metadata import ModelMetadata, TensorSpec
+from smserve.settings import Settings
+
+MODEL = ModelMetadata(name="m", max_batch_size=8, inputs=(TensorSpec("x", "FP32", (2,)),),
+                      outputs=(TensorSpec("y", "FP32", (2,)),))
+
+
+class _Server:
+    """What Json.answer asks of the server, with the codec steps it takes recorded."""
+
+    metadata = MODEL
+    uses_byte_hooks = has_input_fn = streams = False
+
+    def __init__(self):
+        self.codec_steps = []
+
+    def codec(self, size, fn, *args):
+        self.codec_steps.append(fn.__name__)
+        return fn(*args)
+
+    def check_ready(self):
+        pass
+
+    def passes(self, inputs):
+        return 1
+
+    def infer(self, inputs):
+        return {"y": inputs["x"] * 2}
+
+
+def _answer(body: bytes):
+    server = _Server()
+    message = protocols.Message(body=body, content_type="application/json", accept="application/json")
+    reply = protocols.answer(message, server, Settings())
+    return orjson.loads(reply.body), server.codec_steps
+
+
+def test_flat_records_are_decoded_without_a_codec_step():
+    answer, steps = _answer(b'{"instances": [[1, 2], [3.5, 4]]}')
+    assert answer == {"predictions": [[2.0, 4.0], [7.0, 8.0]]}
+    assert "_decode_json" not in steps
+
+
+def test_other_json_takes_one_codec_step_and_one_c_read(monkeypatch):
+    """A body the C reader refuses (here: a second member) is decoded on the codec
+    step by orjson's path, and the C reader is not run a second time there."""
+    flat, _ = _answer(b"[[1, 2], [3, 4]]")
+    calls = []
+    real = protocols.records._c_doubles
+    monkeypatch.setattr(protocols.records, "_c_doubles", lambda *a: calls.append(a) or real(*a))
+    answer, steps = _answer(b'{"instances": [[1, 2], [3, 4]], "parameters": {}}')
+    assert answer == flat
+    assert steps.count("_decode_json") == 1
+    assert len(calls) == 1
+
+
+def test_a_v2_json_request_takes_the_codec_step():
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]})
+    server = _Server()
+    reply = protocols.answer(protocols.Message(body=body, content_type="application/json"), server, Settings())
+    answer = orjson.loads(reply.body)
+    assert answer["outputs"][0]["name"] == "y" and answer["outputs"][0]["data"] == [2.0, 4.0]
+    assert server.codec_steps[0] == "_decode_json"
+
+
+def test_bad_flat_json_still_names_its_error():
+    with pytest.raises(BadRequest, match="request body"):
+        _answer(b'{"instances": [[1, 2], [3, 4]]')
+    with pytest.raises(BadRequest):
+        _answer(b'{"instances": [[1, 2, 3], [3, 4, 5]]}')  # the model takes 2 values a record
