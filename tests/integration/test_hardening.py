@@ -171,10 +171,12 @@ def test_kill_9_of_a_worker_leaves_the_instance_healthy(make_server, model_copy)
 
     def ping():
         while not stop.is_set():
+            started = time.monotonic()
             try:
-                pings.append(requests.get(server.url + "/ping", timeout=2).status_code)
+                status = requests.get(server.url + "/ping", timeout=2).status_code
             except requests.RequestException as e:
-                pings.append(type(e).__name__)
+                status = type(e).__name__
+            pings.append((started, time.monotonic(), status))
             time.sleep(0.05)
 
     threads = [threading.Thread(target=load) for _ in range(4)] + [threading.Thread(target=ping)]
@@ -183,7 +185,9 @@ def test_kill_9_of_a_worker_leaves_the_instance_healthy(make_server, model_copy)
     time.sleep(1)
     victim = min(workers)
     before = len(statuses)
+    killing = time.monotonic()
     os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
     # Until the replacement has loaded its model and beyond.
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -197,8 +201,14 @@ def test_kill_9_of_a_worker_leaves_the_instance_healthy(make_server, model_copy)
         t.join(15)
     after_kill = statuses[before:]
     # Only requests in flight on the killed worker may fail (a reset); no 503 "loading"
-    # from the replacement, ever, and /ping never says the instance is down.
+    # from the replacement, ever.
     assert 503 not in after_kill, after_kill
     assert sum(1 for s in after_kill if s != 200) <= 8, [s for s in after_kill if s != 200]
-    assert all(p == 200 for p in pings), [p for p in pings if p != 200]
+    # /ping never says the instance is down. The one ping that may fail is one the
+    # killed worker had accepted and was answering at the kill: its connection dies
+    # with the process, as an invocation's does (no server can answer from a dead one).
+    in_flight = [p for p in pings if p[0] <= killed and p[1] >= killing]
+    others = [status for started, ended, status in pings if not (started <= killed and ended >= killing)]
+    assert others and all(status == 200 for status in others), [s for s in others if s != 200]
+    assert len(in_flight) <= 1 and all(status in (200, "ConnectionError") for *_, status in in_flight), in_flight
     assert len(_worker_pids(server.proc.pid)) == 2
