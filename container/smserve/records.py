@@ -12,12 +12,12 @@ import io
 import math
 import re
 import struct
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 import orjson
 import simdjson
+from gevent import monkey
 
 from . import slices
 from .errors import BadRequest
@@ -49,7 +49,10 @@ _NOT_NUMERIC_JSON = (b'"', b"{", b"n", b"t", b"f")
 # doubled the parse. Only a body under SLICED_JSON_MIN_BYTES is parsed whole, a bigger
 # one slice by slice; a text past this size gets a parser that goes with it.
 _PARSER_REUSE_MAX_BYTES = SLICED_JSON_MIN_BYTES
-_parsers = threading.local()
+# Local to the OS thread, not to the greenlet: a worker patched by gevent makes
+# threading.local greenlet-local, which would keep a parser (and its buffers) for every
+# connection's greenlet. The loop's greenlets share one; none yields inside a parse.
+_parsers = monkey.get_original("_thread", "_local")()
 
 _RECORDS_START = re.compile(rb'\s*(?:\{\s*"(' + b"|".join(k.encode() for k in RECORD_KEYS) + rb')"\s*:\s*)?\[')
 
@@ -357,8 +360,8 @@ def _c_doubles(text: bytes, opening: int, key: str | None) -> np.ndarray | None:
 
 
 def _parser(size: int) -> simdjson.Parser:
-    """This thread's simdjson parser, for a text of `size` bytes. A parser refuses a
-    new text while proxies into its last document live; _c_doubles keeps none past
+    """This OS thread's simdjson parser, for a text of `size` bytes. A parser refuses
+    a new text while proxies into its last document live; _c_doubles keeps none past
     its return (as_buffer() copies), and no call yields mid-way to another greenlet."""
     if size > _PARSER_REUSE_MAX_BYTES:
         return simdjson.Parser()

@@ -516,3 +516,31 @@ def test_c_records_leaves_a_sliced_body_to_the_sliced_reader():
     body = b"[" + b",".join([b"[0.125, 1]"] * (records.SLICED_JSON_MIN_BYTES // 9)) + b"]"
     assert records.c_records(body) is None
     assert records.parse_document(body).shape == (records.SLICED_JSON_MIN_BYTES // 9, 2)
+
+
+def test_c_doubles_parser_is_one_per_os_thread_in_a_gevent_patched_worker():
+    """The worker runs under gevent's monkey patching, where threading.local is local to
+    a greenlet: a parser a greenlet would keep one (and its buffers) per connection. The
+    loop's greenlets must share one parser, and a real thread (a codec thread) have its
+    own. Run in a child, so this process stays unpatched."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+from gevent import monkey
+monkey.patch_all(subprocess=False, os=False, signal=False)
+import gevent, threading
+from gevent.threadpool import ThreadPool
+from smserve import records
+a, b = gevent.spawn(records._parser, 10), gevent.spawn(records._parser, 10)
+gevent.joinall([a, b])
+pool = ThreadPool(1)
+other = pool.apply(records._parser, (10,))
+again = pool.apply(records._parser, (10,))
+print(a.value is b.value, other is not a.value, other is again)
+"""
+    container = Path(records.__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True,
+                         cwd=container, timeout=60)
+    assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr
