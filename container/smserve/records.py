@@ -284,20 +284,32 @@ def parse_document(body: bytes, where: str = "request body", size: int | None = 
     if len(body) >= SLICED_JSON_MIN_BYTES:
         found = _numeric_records(body, size or slices.TEXT_BYTES)
         if found is not None:
-            key, array = found
-            return array if key is None else {key: array}
+            return _under(*found)
         return parse(body, where)  # (no second whole-body C call: simple.py converts it in slices)
     if not c_tried:
         found = c_records(body)
         if found is not None:
             return found
-    start = _RECORDS_START.match(body)
-    key = (start.group(1).decode() if start.group(1) else None) if start else None
+    start = _records_start(body)
     document = parse(body, where)
-    if start is None or any(body.find(byte, start.end()) >= 0 for byte in _NOT_NUMERIC_JSON):
+    if start is None or any(body.find(byte, start[0]) >= 0 for byte in _NOT_NUMERIC_JSON):
         return document  # strings, objects, null or true/false: judged record by record
-    found = _numeric_document(document, key)
+    found = _numeric_document(document, start[1])
     return document if found is None else found
+
+
+def _records_start(body: bytes) -> tuple[int, str | None] | None:
+    """Where a body's list of records opens (the offset of its '['), and the key it is
+    under (None for a bare list); None when the body starts as no such list does."""
+    start = _RECORDS_START.match(body)
+    if start is None:
+        return None
+    return start.end() - 1, (start.group(1).decode() if start.group(1) else None)
+
+
+def _under(key: str | None, array: np.ndarray):
+    """The parsed document the records make: the array, or an object holding it."""
+    return array if key is None else {key: array}
 
 
 def c_records(body: bytes):
@@ -305,14 +317,12 @@ def c_records(body: bytes):
     numeric records (or one flat list of numbers), bare or under one of RECORD_KEYS,
     taken by simdjson's C reader alone; None for any other body. The reader holds the
     GIL for all of its about 2 ms a MB, on whichever thread runs it."""
-    start = _RECORDS_START.match(body)
+    start = _records_start(body)
     if start is None or len(body) >= SLICED_JSON_MIN_BYTES:
         return None
-    key = start.group(1).decode() if start.group(1) else None
-    array = _c_doubles(body, start.end() - 1, key)
-    if array is None:
-        return None
-    return array if key is None else {key: array}
+    opening, key = start
+    array = _c_doubles(body, opening, key)
+    return None if array is None else _under(key, array)
 
 
 def _c_doubles(text: bytes, opening: int, key: str | None) -> np.ndarray | None:
@@ -421,11 +431,11 @@ def _float64(values: list) -> np.ndarray:
 
 
 def _numeric_records(body: bytes, size: int):
-    start = _RECORDS_START.match(body)
-    if start is None or body.find(b'"', start.end()) >= 0:
+    start = _records_start(body)
+    if start is None or body.find(b'"', start[0]) >= 0:
         return None
-    key = start.group(1).decode() if start.group(1) else None
-    bounds = _record_cuts(body, start.end() - 1, size)
+    opening, key = start
+    bounds = _record_cuts(body, opening, size)
     if bounds is None:
         return None
     cuts, stop = bounds

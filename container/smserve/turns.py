@@ -27,4 +27,3 @@ class Turn:
             # any positive time waits for the next poll.
             gevent.sleep(LOOP_TURN_S / 20)
             self.since = time.monotonic()
-
