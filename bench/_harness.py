@@ -9,7 +9,6 @@ import json
 import os
 import re
 import socket
-import struct
 import subprocess
 import sys
 import threading

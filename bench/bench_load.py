@@ -43,7 +43,7 @@ def run(model_dir: Path, env: dict, body: Path, args, log: Path) -> dict:
     pings = pinger.latencies
     result["ping_p50"] = pct(pings, 50)
     result["ping_p99"] = pct(pings, 99)
-    result["ping_max"] = max(pings)
+    result["ping_max"] = max(pings, default=float("nan"))
     result["ping_failures"] = pinger.failures
     return result
 

@@ -17,7 +17,6 @@ import queue
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 

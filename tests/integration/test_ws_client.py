@@ -3,7 +3,6 @@ the digits classifier's default sessions and the textgen example's stream_fn."""
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
