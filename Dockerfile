@@ -50,6 +50,28 @@ ENV VIRTUAL_ENV=/opt/venv \
 
 COPY --from=builder /opt/venv /opt/venv
 COPY container/ /opt/program/
+
+# SMSERVE_COMPILE (torch.compile) compiles at run time: inductor builds CPU kernels with
+# g++ and triton builds its GPU kernel launchers with gcc, both against Python's headers.
+# The image leaves build tools out unless built with --build-arg COMPILER=true (`make
+# build COMPILER=true`, about 300 MB more); without them SMSERVE_COMPILE logs why it
+# failed and serves the model uncompiled. Last, so that both variants share the layers
+# above. python3-dev only where the base lacks the headers (Debian's python3 does; the
+# python: images ship them). Debian's packages are not pinned: the mirror keeps only the
+# current point release, so a pin would break the build at the next one.
+ARG COMPILER=false
+# hadolint ignore=DL3008
+RUN if [ "${COMPILER}" = true ]; then \
+        headers=$(python3 -c 'import os, sysconfig; print(os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))') \
+        && set -- g++ libc6-dev \
+        && if [ "${headers}" != True ]; then set -- "$@" python3-dev; fi \
+        && apt-get update \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" \
+        && apt-get clean && rm -rf /var/lib/apt/lists/*; \
+    elif [ "${COMPILER}" != false ]; then \
+        echo "COMPILER must be true or false, not '${COMPILER}'" >&2; exit 1; \
+    fi
+
 WORKDIR /opt/program
 
 EXPOSE 8080

@@ -103,18 +103,22 @@ LOCAL_BASE_IMAGE ?= localhost/bookworm-python:3.11
 # for hosts with an older NVIDIA driver, https://download.pytorch.org/whl/cpu for a
 # small CPU-only image.
 TORCH_INDEX_URL ?=
+# true: g++ and Python's headers in the image, so that SMSERVE_COMPILE (torch.compile)
+# can compile (about 300 MB more). Empty: the Dockerfile's default, none.
+COMPILER ?=
 BUILD_ARGS ?=
 
 .PHONY: build run stop base-image
 
 # SageMaker takes Docker schema 2 manifests only: podman writes OCI unless given
 # --format docker, and docker's default provenance attestation makes an OCI index.
-build: ## The image (CONTAINER_ENGINE, IMAGE, BASE_IMAGE, TORCH_INDEX_URL, BUILD_ARGS)
+build: ## The image (CONTAINER_ENGINE, IMAGE, BASE_IMAGE, TORCH_INDEX_URL, COMPILER, BUILD_ARGS)
 	$(CONTAINER_ENGINE) build -t $(IMAGE) \
 		$(if $(filter podman,$(notdir $(CONTAINER_ENGINE))),--format docker) \
 		$(if $(filter docker,$(notdir $(CONTAINER_ENGINE))),--provenance=false) \
 		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 		$(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) \
+		$(if $(COMPILER),--build-arg COMPILER=$(COMPILER)) \
 		--build-arg TORCH_VERSION=$(TORCH_VERSION) \
 		$(BUILD_ARGS) .
 

@@ -69,8 +69,19 @@ def image(podman, base_image) -> str:
     """The project's image, built from the Dockerfile as users build it, except for the
     base and a CPU torch (the CUDA default is several GB, and there is no GPU here).
     Layers are cached, so a rerun rebuilds only what changed in container/."""
+    return build_image(podman, base_image, IMAGE)
+
+
+@pytest.fixture(scope="session")
+def compiler_image(podman, base_image, image) -> str:
+    """The image built with --build-arg COMPILER=true (`make build COMPILER=true`). It
+    shares every layer of `image` but its last, so it costs one apt-get install."""
+    return build_image(podman, base_image, IMAGE + "-compiler", ["--build-arg", "COMPILER=true"])
+
+
+def build_image(podman: str, base_image: str, tag: str, extra_args: list[str] = ()) -> str:
     version = torch_version()
-    args = [podman, "build", "--tag", IMAGE, "--build-arg", f"BASE_IMAGE={base_image}"]
+    args = [podman, "build", "--tag", tag, "--build-arg", f"BASE_IMAGE={base_image}", *extra_args]
     wheel_dir = local_torch_wheel_dir(version)
     if wheel_dir:
         # The exact local version makes pip take the wheel on disk; the index still
@@ -89,7 +100,7 @@ def image(podman, base_image) -> str:
     built = run(args + [str(REPO)], timeout=BUILD_TIMEOUT_S)
     if built.returncode != 0:
         pytest.fail(f"podman build failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}")
-    return IMAGE
+    return tag
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import requests
 from sklearn.datasets import load_digits
 
-from tests.container.support import REPO, run, torch_version
+from tests.container.support import REPO, Container, run, torch_version
 
 # Building from scratch (base image, torch layer) takes minutes; later runs reuse both.
 pytestmark = pytest.mark.timeout(2400)
@@ -77,6 +77,35 @@ def test_final_image_has_no_build_tools_and_no_model(podman, image):
     prefix, installed_torch = lines[-1].split()
     assert prefix == "/opt/venv"
     assert installed_torch.split("+")[0] == torch_version()
+
+
+@pytest.mark.container
+@pytest.mark.slow
+def test_an_image_built_with_compiler_true_serves_the_model_compiled(podman, compiler_image, example_model_dir,
+                                                                     serving, one_of_each_digit):
+    """`make build COMPILER=true`: g++ and Python.h in the image, so SMSERVE_COMPILE
+    compiles instead of falling back (the default image has neither: the test above)."""
+    probe = run([podman, "run", "--rm", "--entrypoint", "sh", compiler_image, "-c",
+                 "command -v g++ && python3 -c 'import os, sysconfig; "
+                 "print(os.path.exists(os.path.join(sysconfig.get_paths()[\"include\"], \"Python.h\")))'"])
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == ["/usr/bin/g++", "True"], probe.stdout
+    samples, labels = one_of_each_digit
+    container = Container(podman, compiler_image, example_model_dir, {"SMSERVE_COMPILE": "default"}).start()
+    try:
+        container.wait_ready(timeout_s=600)  # inductor compiles batch 1, 2 and the max on two cores
+        log = container.logs()
+        assert "compile default" in log, log[-4000:]
+        assert "uncompiled" not in log, log[-4000:]
+        body, headers = _encode("text/csv", samples), {"Content-Type": "text/csv", "Accept": "text/csv"}
+        compiled = requests.post(container.url("/invocations"), data=body, headers=headers, timeout=120)
+        assert compiled.status_code == 200, compiled.text
+        eager = requests.post(serving.url("/invocations"), data=body, headers=headers, timeout=60)
+        probabilities = _decode("text/csv", compiled.content)
+        assert probabilities.argmax(axis=1).tolist() == labels.tolist()
+        np.testing.assert_allclose(probabilities, _decode("text/csv", eager.content), rtol=1e-4, atol=1e-6)
+    finally:
+        container.close()
 
 
 @pytest.mark.container
