@@ -44,7 +44,8 @@ _HEADER = re.compile(
 def read(body: bytes) -> np.ndarray:
     """A .npy body -> an array viewing the body's bytes (numeric dtypes only)."""
     shape, fortran_order, dtype, offset = _header(body)
-    if not all(isinstance(d, int) and d >= 0 for d in shape) or len(shape) > _MAX_DIMS:
+    # type(), not isinstance: True and False are ints to isinstance, and no dimension.
+    if not all(type(d) is int and d >= 0 for d in shape) or len(shape) > _MAX_DIMS:
         raise BadRequest(f"the .npy header declares an invalid shape {shape!r}")
     if dtype.hasobject:
         raise BadRequest("the .npy body holds Python objects, which are never unpickled; send a numeric array")

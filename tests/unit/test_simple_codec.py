@@ -221,6 +221,10 @@ def test_npy_request_is_a_view_on_the_body():
     b"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }",
     b"{'descr': '<f4', 'fortran_order': False, 'shape': (" + b"9" * 5000 + b", 1), }",  # int()'s digit limit
     b"{'descr': '<f4', 'shape': (" + b"9" * 5000 + b", 1), 'fortran_order': False, }",  # numpy's own reader
+    # True is an int to isinstance; 12 bytes are what (True, 3) float32 would hold.
+    b"{'descr': '<f4', 'fortran_order': False, 'shape': (True, 3), }",
+    b"{'shape': (True, 3), 'fortran_order': False, 'descr': '<f4', }",  # numpy's own reader
+    b"{'shape': (1, False), 'fortran_order': False, 'descr': '<f4', }",
 ])
 def test_npy_headers_outside_the_strict_form_are_refused_safely(header):
     header = header + b" " * (-(len(header) + 11) % 64) + b"\n"
