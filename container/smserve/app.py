@@ -11,7 +11,7 @@ import logging
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from . import __version__, protocols, v2
+from . import __version__, contentcoding, protocols, v2
 from .errors import BadRequest, HTTPError, NotFound, PayloadTooLarge, Unavailable, json_error_body
 from .metadata import ModelMetadata
 from .server import READY, ModelServer, worker_slot_from_env
@@ -67,6 +67,7 @@ def direct_routes(server: ModelServer, settings: Settings) -> dict:
         return 200, [("Content-Type", "text/plain"), ("Content-Length", "0")], b""
 
     def invocations(headers: dict[str, str], body: bytes) -> DirectAnswer:
+        body = _inflated(server, settings, body, headers.get("CONTENT-ENCODING"))
         message = protocols.Message.from_http(body, lambda name: headers.get(name.upper()))
         reply = protocols.answer(message, server, settings)
         out = list(reply.headers.items())
@@ -76,6 +77,7 @@ def direct_routes(server: ModelServer, settings: Settings) -> dict:
 
     def v2_infer(headers: dict[str, str], body: bytes, model: str, version: str | None) -> DirectAnswer:
         metadata = _model_metadata(server, model, version)
+        body = _inflated(server, settings, body, headers.get("CONTENT-ENCODING"))
         header_length = v2.header_length_from_header(headers.get(v2.HEADER_LENGTH_HEADER.upper()), len(body))
         inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
         reply = protocols.v2_reply(server, inference, sagemaker=False)
@@ -145,12 +147,21 @@ def _log_error(method: str, path: str, e: HTTPError) -> None:
 def _invocations(server: ModelServer, settings: Settings) -> Response:
     """The protocol is chosen by the protocol table (protocols.py); this route only
     moves the request in and the reply out."""
-    message = protocols.Message.from_http(_read_body(settings), request.headers.get)
+    body = _inflated(server, settings, _read_body(settings), request.headers.get("Content-Encoding"))
+    message = protocols.Message.from_http(body, request.headers.get)
     return _response(protocols.answer(message, server, settings))
 
 
 def _response(reply: protocols.Reply) -> Response:
     return Response(reply.body, headers=reply.headers)
+
+
+def _inflated(server: ModelServer, settings: Settings, body: bytes, content_encoding: str | None) -> bytes:
+    """The body as the protocols read it: a gzip or deflate body inflated (within the
+    payload limit), any other body as it came."""
+    if not content_encoding:
+        return body
+    return contentcoding.decode(body, content_encoding, settings.max_body_bytes, settings.body_limit_setting, server)
 
 
 def _read_body(settings: Settings) -> bytes:
@@ -207,7 +218,7 @@ def _v2_routes(app: Flask, server: ModelServer, settings: Settings) -> None:
     @app.post("/v2/models/<model>/versions/<version>/infer")
     def infer(model: str, version: str | None = None):
         metadata = model_metadata(model, version)
-        body = _read_body(settings)
+        body = _inflated(server, settings, _read_body(settings), request.headers.get("Content-Encoding"))
         header_length = v2.header_length_from_header(request.headers.get(v2.HEADER_LENGTH_HEADER), len(body))
         inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
         return _response(protocols.v2_reply(server, inference, sagemaker=False))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 
 import ml_dtypes
 import numpy as np
@@ -10,6 +12,8 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
+
+from tests.integration.test_hostile import worker_pids
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -317,3 +321,70 @@ def test_chunked_binary_request_without_content_length(example_server, digits):
     header_length = int(response.headers["Content-Type"][len(SAGEMAKER_CT):])
     result = InferenceServerClient.parse_response_body(response.content, header_length=header_length)
     assert result.as_numpy("probabilities").argmax() == y[0]
+
+
+# ------------------------------------------------------------ compressed request bodies
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_request_compression(echo_server, algorithm):
+    """tritonclient compresses the body when asked and says so in Content-Encoding, as
+    Triton's HTTP front end takes it; the answer is the uncompressed request's."""
+    client = InferenceServerClient(echo_server.url.removeprefix("http://"))
+    result = client.infer("echo", echo_inputs("FP32", True), request_compression_algorithm=algorithm)
+    for datatype in DATATYPES:
+        np.testing.assert_array_equal(result.as_numpy(f"OUT_{datatype}"), sample(datatype))
+
+
+@pytest.mark.parametrize("path", ["/v2/models/digits/infer", "/v2/models/dig%69ts/infer"],
+                         ids=["worker-route", "flask-route"])
+def test_a_gzip_v2_body_on_either_v2_route(example_server, digits, path):
+    x, y = digits
+    tensor = InferInput("pixels", [8, 64], "FP32")
+    tensor.set_data_from_numpy(x[:8], binary_data=True)
+    body, json_size = InferenceServerClient.generate_request_body([tensor])
+    response = requests.post(example_server.url + path, data=gzip.compress(body),
+                             headers={"Content-Type": "application/octet-stream", "Content-Encoding": "gzip",
+                                      "Inference-Header-Content-Length": str(json_size)})
+    assert response.status_code == 200, response.text
+    header_length = int(response.headers["Inference-Header-Content-Length"])
+    result = InferenceServerClient.parse_response_body(response.content, header_length=header_length)
+    assert (result.as_numpy("probabilities").argmax(axis=1) == y[:8]).all()
+
+
+@pytest.mark.parametrize("content_type, encode", [
+    ("application/json", lambda x: json.dumps({"instances": x.tolist()}).encode()),
+    ("text/csv", lambda x: "\n".join(",".join(map(str, row)) for row in x.tolist()).encode()),
+], ids=["json", "csv"])
+@pytest.mark.parametrize("coding, pack", [("gzip", gzip.compress), ("deflate", zlib.compress)])
+def test_compressed_simple_bodies_on_invocations(example_server, digits, content_type, encode, coding, pack):
+    x, y = digits
+    plain = requests.post(example_server.url + "/invocations", data=encode(x[:16]),
+                          headers={"Content-Type": content_type, "Accept": "application/json"})
+    packed = requests.post(example_server.url + "/invocations", data=pack(encode(x[:16])),
+                           headers={"Content-Type": content_type, "Accept": "application/json",
+                                    "Content-Encoding": coding})
+    assert packed.status_code == 200, packed.text
+    assert packed.content == plain.content
+
+
+def test_compressed_bodies_that_break_the_rules_are_4xx_and_the_worker_lives(example_server, digits):
+    url = example_server.url
+    workers = worker_pids(example_server)
+    x, _ = digits
+    body = json.dumps({"instances": x[:2].tolist()}).encode()
+    cases = [
+        ("br", body, 415, "Content-Encoding 'br' is not supported"),
+        ("gzip", body, 400, "not valid gzip data"),
+        ("gzip", gzip.compress(body)[:-12], 400, "ends before its gzip stream does"),
+        # 200 MB of zeros in 200 KB: refused at the payload limit, never inflated whole.
+        ("gzip", gzip.compress(b"0" * (200 << 20), compresslevel=9), 413, "Decompressed data size exceeds"),
+    ]
+    for coding, payload, status, words in cases:
+        response = requests.post(url + "/invocations", data=payload,
+                                 headers={"Content-Type": "application/json", "Content-Encoding": coding})
+        assert response.status_code == status, (coding, response.text)
+        assert response.headers["Content-Type"] == "application/json"
+        assert words in response.json()["error"], response.text
+    assert requests.get(url + "/ping").status_code == 200
+    assert worker_pids(example_server) == workers

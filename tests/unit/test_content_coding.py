@@ -1,0 +1,130 @@
+"""Request bodies with Content-Encoding gzip or deflate: inflated within the payload
+limit, and refused with a 4xx when they are not what they claim."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tracemalloc
+import zlib
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from smserve import contentcoding
+from smserve.contentcoding import inflate
+from smserve.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+
+LIMIT = 8 << 20
+DATA = os.urandom(5000) + b"\0" * 3_000_000 + b"end"
+
+
+def raw_deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+@pytest.mark.parametrize("coding, pack", [
+    ("gzip", gzip.compress),
+    ("x-gzip", gzip.compress),
+    ("deflate", zlib.compress),  # RFC 9110's deflate: zlib-wrapped, as tritonclient sends it
+    ("deflate", raw_deflate),  # what some clients send under the same name
+], ids=["gzip", "x-gzip", "deflate-zlib", "deflate-raw"])
+def test_inflates_each_coding(coding, pack):
+    assert inflate(pack(DATA), coding, LIMIT) == DATA
+
+
+@given(st.binary(max_size=3000), st.integers(1, 4))
+@settings(max_examples=150, deadline=None)
+def test_gzip_members_one_after_another_are_one_body(data, members):
+    cuts = [len(data) * i // members for i in range(members + 1)]
+    packed = b"".join(gzip.compress(data[a:b]) for a, b in zip(cuts, cuts[1:]))
+    assert inflate(packed, "gzip", LIMIT) == data
+
+
+@pytest.mark.parametrize("size", [contentcoding._PIECE - 1, contentcoding._PIECE, contentcoding._PIECE + 1,
+                                  2 * contentcoding._PIECE, 3 * contentcoding._PIECE + 7])
+def test_output_at_the_edges_of_a_piece_is_whole(size):
+    """zlib hands the output out a piece at a time; a full piece may leave more in its window."""
+    data = (b"0123456789abcdef" * (size // 16 + 1))[:size]
+    for coding, pack in (("gzip", gzip.compress), ("deflate", zlib.compress)):
+        assert inflate(pack(data), coding, LIMIT) == data
+
+
+def test_exactly_the_limit_is_taken_one_byte_more_is_413():
+    data = b"x" * 100_000
+    assert inflate(gzip.compress(data), "gzip", len(data)) == data
+    with pytest.raises(PayloadTooLarge, match="Decompressed data size exceeds the maximum allowed value of 99999 bytes "
+                                              r"\(SMSERVE_MAX_REQUEST_MB=1\)"):
+        inflate(gzip.compress(data), "gzip", len(data) - 1, "SMSERVE_MAX_REQUEST_MB=1")
+
+
+def test_a_bomb_is_refused_without_inflating_it():
+    """1 GiB of zeros in about 1 MB of gzip: refused having made no more than the limit."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    bomb = b"".join(packer.compress(b"\0" * (1 << 24)) for _ in range(64)) + packer.flush()
+    assert len(bomb) < 2 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(PayloadTooLarge):
+            inflate(bomb, "gzip", 6 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < (6 << 20) + 3 * contentcoding._PIECE
+
+
+@pytest.mark.parametrize("coding, body, words", [
+    ("gzip", b"{\"instances\": [[1]]}", "not valid gzip data"),
+    ("deflate", b"\x78\x9c not deflate", "not valid deflate data"),
+    ("gzip", gzip.compress(DATA)[:-9], "ends before its gzip stream does"),
+    ("deflate", zlib.compress(DATA)[:1000], "ends before its deflate stream does"),
+    ("gzip", gzip.compress(b"abc") + b"trailing", "8 bytes follow the end of the body's gzip stream"),
+    ("deflate", zlib.compress(b"abc") + zlib.compress(b"def"), "follow the end of the body's deflate stream"),
+], ids=["not-gzip", "not-deflate", "gzip-cut", "deflate-cut", "gzip-trailing", "deflate-twice"])
+def test_a_body_that_is_not_what_it_claims_is_400(coding, body, words):
+    with pytest.raises(BadRequest, match=words) as raised:
+        inflate(body, coding, LIMIT)
+    assert raised.value.status == 400
+
+
+@pytest.mark.parametrize("header, expected", [
+    (None, []), ("", []), ("identity", []), ("gzip", ["gzip"]), ("GZip", ["gzip"]),
+    (" deflate ", ["deflate"]), ("gzip, identity", ["gzip"]), ("deflate, gzip", ["deflate", "gzip"]),
+])
+def test_the_header_lists_codings_in_the_order_applied(header, expected):
+    assert contentcoding.codings(header) == expected
+
+
+@pytest.mark.parametrize("header", ["br", "zstd", "gzip, br", "compress", "gzip;q=1"])
+def test_a_coding_we_cannot_undo_is_415_naming_the_ones_we_can(header):
+    with pytest.raises(UnsupportedMediaType, match="is not supported.*gzip or deflate") as raised:
+        contentcoding.codings(header)
+    assert raised.value.status == 415
+
+
+class InlineServer:
+    """ModelServer.codec's contract, recorded: (size, fn) per call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def codec(self, size, fn, *args):
+        self.calls.append((size, fn))
+        return fn(*args)
+
+
+def test_decode_undoes_codings_last_first_and_always_off_the_loop():
+    server = InlineServer()
+    twice = zlib.compress(gzip.compress(b"payload"))  # gzip applied first, then deflate
+    assert contentcoding.decode(twice, "gzip, deflate", LIMIT, "", server) == b"payload"
+    # Each inflate goes to a codec thread: its size is the limit (the work's bound), not the wire size.
+    assert server.calls == [(LIMIT, inflate), (LIMIT, inflate)]
+
+
+def test_decode_leaves_a_plain_or_empty_body_alone():
+    server = InlineServer()
+    assert contentcoding.decode(b"abc", None, LIMIT, "", server) == b"abc"
+    assert contentcoding.decode(b"abc", "identity", LIMIT, "", server) == b"abc"
+    assert contentcoding.decode(b"", "gzip", LIMIT, "", server) == b""
+    assert server.calls == []
