@@ -188,13 +188,29 @@ def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.nda
         part = array[s]
         if dtype.kind in "iub" and part.dtype.kind == "f" and not np.all(np.isfinite(part) & (part == np.round(part))):
             raise BadRequest(f"input '{spec.name}' takes {spec.datatype} values; got fractional numbers")
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        if dtype.kind in "iub" and part.size and not _fits(part, dtype):
+            raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
+                             + (" (0 or 1)" if dtype.kind == "b" else ""))
+    with np.errstate(over="ignore", invalid="ignore"):  # integers were range-checked above; floats below
         out = slices.cast(array, dtype)
     if dtype.kind == "f" and array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:
         for s in slices.row_slices(out) if out.ndim else [()]:
             if not np.isfinite(out[s]).all() and (np.isfinite(array[s]) & ~np.isfinite(out[s])).any():
                 raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}")
     return out
+
+
+def _fits(part: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether every (integral) value of `part` is one `dtype` holds, so that the cast
+    wraps nothing: 300 is no UINT8, and 2 no BOOL. Python compares ints and floats
+    exactly, so the bounds hold for int64 and uint64 too."""
+    if part.dtype.kind == "b":
+        return True
+    low, high = part.min().item(), part.max().item()
+    if dtype.kind == "b":
+        return low >= 0 and high <= 1
+    info = np.iinfo(dtype)
+    return low >= info.min and high <= info.max
 
 
 def _matches(shape: tuple, expected: list[int]) -> bool:

@@ -49,6 +49,51 @@ def test_fractional_values_for_an_integer_input_are_refused():
         simple.decode(b"1,2,3,4.5\n", "text/csv", IMAGES)
 
 
+FLAGS = ModelMetadata(name="f", max_batch_size=8, inputs=(TensorSpec("on", "BOOL", (2,)),))
+WIDE = ModelMetadata(name="w", max_batch_size=8, inputs=(TensorSpec("id", "INT64", (1,)),))
+UNSIGNED = ModelMetadata(name="u", max_batch_size=8, inputs=(TensorSpec("id", "UINT64", (1,)),))
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("body, content_type, metadata, words", [
+    # Wrapped by the cast before: 300 -> 44, -1 -> 255, 1e10 -> 0, 2 -> True.
+    (b"1,2,3,300\n", "text/csv", IMAGES, "input 'image': a value is out of range for UINT8"),
+    (b"[[-1, 2, 3, 4]]", "application/json", IMAGES, "out of range for UINT8"),
+    (b"[[1e10, 2, 3, 4]]", "application/json", IMAGES, "out of range for UINT8"),
+    (b"[1,2,3,4]\n[1,2,3,256]\n", "application/jsonlines", IMAGES, "out of range for UINT8"),
+    (_npy(np.array([[1, 2, 3, 256]], dtype=np.int64)), "application/x-npy", IMAGES, "out of range for UINT8"),
+    (_npy(np.array([[1, 2, 3, -1]], dtype=np.int8)), "application/x-npy", IMAGES, "out of range for UINT8"),
+    (b"[[0, 2]]", "application/json", FLAGS, "input 'on': a value is out of range for BOOL (0 or 1)"),
+    (b"1,-1\n", "text/csv", FLAGS, "out of range for BOOL"),
+    (b"[[9.3e18]]", "application/json", WIDE, "out of range for INT64"),  # past 2**63 - 1
+    (_npy(np.array([[2**63]], dtype=np.uint64)), "application/x-npy", WIDE, "out of range for INT64"),
+    (_npy(np.array([[-1]], dtype=np.int64)), "application/x-npy", UNSIGNED, "out of range for UINT64"),
+    (b"[[1.9e19]]", "application/json", UNSIGNED, "out of range for UINT64"),  # past 2**64 - 1
+])
+def test_integers_an_input_cannot_hold_are_400_not_wrapped(body, content_type, metadata, words):
+    with pytest.raises(BadRequest) as info:
+        simple.decode(body, content_type, metadata)
+    assert info.value.status == 400 and words in info.value.message
+
+
+@pytest.mark.parametrize("body, content_type, metadata, expected", [
+    (b"0,255,0,255\n", "text/csv", IMAGES, [[[0, 255], [0, 255]]]),
+    (b"[[1, 0]]", "application/json", FLAGS, [[True, False]]),
+    (_npy(np.array([[True, False]])), "application/x-npy", FLAGS, [[True, False]]),
+    (_npy(np.array([[2**63 - 1]], dtype=np.int64)), "application/x-npy", WIDE, [[2**63 - 1]]),
+    (_npy(np.array([[2**64 - 1]], dtype=np.uint64)), "application/x-npy", UNSIGNED, [[2**64 - 1]]),
+    (_npy(np.array([[-(2**63)]], dtype=np.int64)), "application/x-npy", WIDE, [[-(2**63)]]),
+])
+def test_integers_at_the_edges_of_their_type_are_taken(body, content_type, metadata, expected):
+    out = next(iter(simple.decode(body, content_type, metadata).values()))
+    assert out.tolist() == expected
+
+
 def test_jsonlines_accepts_arrays_and_feature_objects():
     out = decode(b'[1,2,3,4]\n{"features": [5,6,7,8]}\n', "application/jsonlines")["pixels"]
     np.testing.assert_array_equal(out, [[1, 2, 3, 4], [5, 6, 7, 8]])
