@@ -222,12 +222,26 @@ def _parsed_lines(piece: bytes, first: int, shape: tuple | None) -> np.ndarray:
         records.append(record)
     try:
         array = np.array(records, dtype=np.float64)
-    except ValueError:
+    except ValueError as e:
+        if too_deep(e):
+            raise BadRequest(f"JSON Lines lines {first}-{first + len(records) - 1}: a record nests deeper than "
+                             f"{MAX_DIMS - 1} levels (arrays have at most {MAX_DIMS} dimensions, one of them the "
+                             "batch)") from None
         array = None
     if array is None or (shape is not None and array.shape[1:] != shape):
         _shape_culprit(records, first, shape)
         raise BadRequest(f"JSON Lines lines {first}-{first + len(records) - 1} are not numeric records")
     return array
+
+
+# numpy's limit on an array's dimensions (NPY_MAXDIMS).
+MAX_DIMS = 64
+
+
+def too_deep(error: ValueError) -> bool:
+    """Whether np.array refused nested lists for having more than MAX_DIMS levels, which
+    is not the raggedness its other ValueErrors mean."""
+    return "maximum number of dimension" in str(error)
 
 
 def _shape_culprit(records: list, first: int, shape: tuple | None) -> None:

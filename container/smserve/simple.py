@@ -130,6 +130,8 @@ def _as_array(values, what: str) -> np.ndarray:
         return slices.stack(parts)
     except ValueError as e:
         message = str(e)
+        if records.too_deep(e):
+            raise BadRequest(f"{what} nest deeper than the {records.MAX_DIMS} dimensions an array can have") from None
         if "inhomogeneous" in message or "sequence" in message:
             raise BadRequest(f"{what} are ragged: every record must have the same shape") from None
         raise BadRequest(f"{what} must be numbers: {message}") from None

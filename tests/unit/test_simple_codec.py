@@ -200,6 +200,11 @@ def test_npy_fortran_order_and_big_endian_arrays():
     (b"1,2,3,1_0\n", "text/csv", "CSV line 1, column 4: '1_0' is not a number"),
     (b"1,2,3,4\n1,2,3,1e39\n", "text/csv", "input 'pixels': a value is out of range for FP32"),
     (b"[[1, 2, 3, 1e39]]", "application/json", "out of range for FP32"),
+    # Rectangular, but deeper than numpy's 64 dimensions: not "ragged".
+    (b"[" * 65 + b"1" + b"]" * 65, "application/json", "records nest deeper than the 64 dimensions an array can have"),
+    (b"[" * 64 + b"1" + b"]" * 64 + b"\n", "application/jsonlines", "JSON Lines lines 1-1: a record nests deeper than 63"),
+    (b"[1,2,3,4]\n" + b"[" * 80 + b"1" + b"]" * 80 + b"\n", "application/jsonlines",
+     "JSON Lines line 2: record shape differs from line 1's"),  # which it does
 ])
 def test_non_numbers_and_non_finite_numbers_are_400(body, content_type, words):
     with pytest.raises(BadRequest) as info:
