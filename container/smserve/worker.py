@@ -107,6 +107,10 @@ class GeventModelWorker(base.Worker):
         self.sessions: set = set()  # open WebSocket sessions (websocket.Session)
         self._stopping = Event()  # set at SIGTERM: the main loop starts draining at once
         self.servers: list[StreamServer] = []
+        # Connections accepted whose greenlet has not run yet (so not in `connections`):
+        # the drain must wait for them too, or a request accepted just before SIGTERM
+        # is reset when the worker exits.
+        self.starting: set = set()
 
     # ------------------------------------------------------------ process set-up
 
@@ -168,11 +172,12 @@ class GeventModelWorker(base.Worker):
     # ------------------------------------------------------------ main loop
 
     def run(self):
+        self.listener_names = {listener: listener.getsockname() for listener in self.sockets}
         if self.model_server.defers_accepting():
             self._wait_for_model()
         for listener in self.sockets:
             listener.setblocking(1)
-            server = StreamServer(listener, handle=self._handler(listener), spawn=gevent.spawn)
+            server = StreamServer(listener, handle=self._handler(listener), spawn=self._spawn)
             if self.cfg.workers > 1:
                 server.max_accept = 1  # spread a burst of connections over the workers
             server.start()
@@ -203,11 +208,14 @@ class GeventModelWorker(base.Worker):
             return
         self.alive = False
         self._stopping.set()
+        # Connections still queued in the listen backlog may carry whole requests: take
+        # them before the listening socket closes (closing it resets every one of them).
         for server in self.servers:
-            server.close()
-        # Connections still queued in the listen backlog may carry whole requests.
+            server.stop_accepting()
         for listener in self.sockets:
             self._accept_backlog(listener)
+        for server in self.servers:
+            server.close()
         for conn in list(self.connections.values()):
             self._close_if_idle(conn)
         for session in list(self.sessions):
@@ -217,18 +225,26 @@ class GeventModelWorker(base.Worker):
         while True:
             try:
                 raw, addr = listener._sock._accept()
-            except (BlockingIOError, InterruptedError, OSError):
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self.log.warning("cannot take the connections left in the accept backlog: %s", e)
                 return
             client = gevent_socket.socket(listener.family, listener.type, fileno=raw)
-            gevent.spawn(self.handle, listener, client, addr)
+            self._spawn(self.handle, listener, client, addr)
 
     def _close_if_idle(self, conn: _Connection) -> None:
         if not conn.busy and not bytes_waiting(conn.sock):
             conn.greenlet.kill(_Close, block=False)
 
+    def _spawn(self, *args):
+        greenlet = gevent.spawn(*args)
+        self.starting.add(greenlet)
+        return greenlet
+
     def _drain(self):
         deadline = time.monotonic() + self.cfg.graceful_timeout
-        while self.connections and time.monotonic() < deadline:
+        while (self.connections or self.starting) and time.monotonic() < deadline:
             self.notify()
             for conn in list(self.connections.values()):
                 self._close_if_idle(conn)
@@ -261,6 +277,7 @@ class GeventModelWorker(base.Worker):
         self._admit()
         conn = _Connection(client)
         self.connections[client] = conn
+        self.starting.discard(conn.greenlet)
         try:
             client.setblocking(1)
             self._serve_connection(listener, conn, addr)
@@ -280,7 +297,9 @@ class GeventModelWorker(base.Worker):
     def _serve_connection(self, listener, conn: _Connection, addr) -> None:
         sock = conn.sock
         parser = RequestParser(self.cfg, sock, addr)
-        listener_name = listener.getsockname()
+        # Not listener.getsockname(): at SIGTERM the listener closes while the
+        # connections it accepted are still served.
+        listener_name = self.listener_names[listener]
         first = True
         while True:
             conn.busy = False

@@ -77,6 +77,42 @@ def test_sigterm_answers_every_request_already_sent(make_server, model_copy, del
     assert "graceful timeout" not in server.log().lower()
 
 
+@pytest.mark.slow
+def test_sigterm_answers_requests_still_in_the_accept_backlog(make_server, example_model_dir):
+    """Connections the kernel accepted, with their whole request sent, that the worker
+    had not yet taken when SIGTERM came: the worker is stopped (SIGSTOP) so that they
+    verifiably wait in the listen backlog at the signal. Closing the listening socket
+    first would reset every one of them."""
+    server = make_server(example_model_dir, {"SMSERVE_GRACEFUL_TIMEOUT": "30"})
+    (worker,) = _worker_pids(server.proc.pid)
+    kept = _open_kept_alive(server.port, 2)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        queued = []
+        for i in range(8):
+            sock = connect(server.port)
+            sock.sendall(json_request({"instances": _pixels(i)}))
+            queued.append((sock, Reader(sock)))
+        for i, (sock, _) in enumerate(kept):
+            sock.sendall(json_request({"instances": _pixels(100 + i)}))
+        time.sleep(0.2)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # the master has closed its listener and signalled the worker
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    failures = []
+    for i, (sock, reader) in enumerate(queued + kept):
+        try:
+            resp = reader.response()
+            if resp.status != 200:
+                failures.append(f"connection {i}: {resp.status} {resp.body[:200]!r}")
+        except (ConnectionError, OSError) as e:
+            failures.append(f"connection {i}: {e}")
+        sock.close()
+    assert not failures, failures
+    assert server.proc.wait(40) == 0
+
+
 def test_sigterm_closes_idle_kept_alive_connections_at_once(make_server, example_model_dir):
     server = make_server(example_model_dir, {"SMSERVE_GRACEFUL_TIMEOUT": "60"})
     conns = _open_kept_alive(server.port, 8)
