@@ -79,13 +79,68 @@ class _ClientError(Exception):
 
 
 class _Connection:
-    __slots__ = ("sock", "greenlet", "waiting_since", "busy")
+    """One client connection, and what it is doing now."""
+
+    __slots__ = ("sock", "greenlet", "waiting_since", "busy", "reading_head", "parked", "ending")
 
     def __init__(self, sock):
         self.sock = sock
         self.greenlet = gevent.getcurrent()
-        self.waiting_since = time.monotonic()  # waiting for request bytes since
+        self.waiting_since = time.monotonic()  # waiting for this request's head since
         self.busy = False  # a request is being read or answered
+        self.reading_head = False  # between its first byte and its end
+        # The I/O watcher this connection is parked on while it waits for request-head
+        # bytes (between requests, or in the middle of a head); None at any other time.
+        self.parked = None
+        self.ending = False  # an eviction or the drain has asked it to end
+
+    def end_wait(self) -> None:
+        """End the connection if, and only if, it is still parked waiting for request
+        bytes. gevent delivers the exception later, from the loop, and only while that
+        same watcher is still waited on: a connection that meanwhile got its bytes and
+        went on to read a body or answer is not touched (a kill() would land wherever
+        it had got to, mid-request)."""
+        if self.parked is not None and not self.ending:
+            self.ending = True
+            gevent_socket.cancel_wait(self.parked, _Close())
+
+    def wait_for_request_bytes(self, timeout: float | None = None) -> None:
+        """Park until the socket is readable (or timeout: _Close). Ended by end_wait(),
+        unless bytes arrived meanwhile: then it goes on to read them."""
+        watcher = hub.get_hub().loop.io(self.sock.fileno(), 1)
+        self.parked = watcher
+        try:
+            gevent_socket.wait(watcher, timeout, _Close)
+        except _Close:
+            if not bytes_waiting(self.sock):
+                raise
+        finally:
+            self.parked = None
+            self.ending = False
+            watcher.close()
+
+
+class _RequestSource:
+    """The socket as gunicorn's parser reads it. A read that has to wait does so in
+    wait_for_request_bytes while the request's head is being read, so that an eviction
+    can end a client stalled mid-head; a body's reads wait as any socket read does."""
+
+    __slots__ = ("conn", "raw")
+
+    def __init__(self, conn: _Connection):
+        self.conn = conn
+        self.raw = conn.sock._sock  # the non-blocking OS socket under gevent's
+
+    def recv(self, size: int) -> bytes:
+        while True:
+            try:
+                return self.raw.recv(size)
+            except (BlockingIOError, InterruptedError):
+                pass
+            if self.conn.reading_head:
+                self.conn.wait_for_request_bytes()
+            else:
+                gevent_socket.wait_read(self.raw.fileno())
 
 
 def bytes_waiting(sock) -> bool:
@@ -234,8 +289,10 @@ class GeventModelWorker(base.Worker):
             self._spawn(self.handle, listener, client, addr)
 
     def _close_if_idle(self, conn: _Connection) -> None:
+        """At SIGTERM: a connection with no request byte waiting ends; one in the middle
+        of a request (its head included) is served."""
         if not conn.busy and not bytes_waiting(conn.sock):
-            conn.greenlet.kill(_Close, block=False)
+            conn.end_wait()
 
     def _spawn(self, *args):
         greenlet = gevent.spawn(*args)
@@ -264,14 +321,18 @@ class GeventModelWorker(base.Worker):
         return handle
 
     def _admit(self) -> None:
-        """At the connection cap, evict the connection that has waited longest for
-        request bytes (stalled or idle); busy connections are never evicted."""
+        """At the connection cap, end the connection that has waited longest for request
+        bytes: idle between requests, or stalled in the middle of a request's head. One
+        whose bytes have arrived, one reading a body or being answered, and a WebSocket
+        session are never ended."""
         if len(self.connections) < self.max_connections:
             return
-        waiting = [c for c in self.connections.values() if not c.busy]
-        if waiting:
-            oldest = min(waiting, key=lambda c: c.waiting_since)
-            oldest.greenlet.kill(_Close, block=False)
+        waiting = sorted((c for c in self.connections.values() if c.parked is not None and not c.ending),
+                         key=lambda c: c.waiting_since)
+        for conn in waiting:
+            if not bytes_waiting(conn.sock):
+                conn.end_wait()
+                return
 
     def handle(self, listener, client, addr):
         self._admit()
@@ -296,7 +357,7 @@ class GeventModelWorker(base.Worker):
 
     def _serve_connection(self, listener, conn: _Connection, addr) -> None:
         sock = conn.sock
-        parser = RequestParser(self.cfg, sock, addr)
+        parser = RequestParser(self.cfg, _RequestSource(conn), addr)
         # Not listener.getsockname(): at SIGTERM the listener closes while the
         # connections it accepted are still served.
         listener_name = self.listener_names[listener]
@@ -310,12 +371,16 @@ class GeventModelWorker(base.Worker):
                 # The first request's head must come promptly; later ones may wait
                 # for as long as a kept-alive connection may idle.
                 idle = self.settings.header_timeout if first else self.cfg.keepalive
-                gevent_socket.wait_read(sock.fileno(), timeout=idle, timeout_exc=_Close)
+                conn.wait_for_request_bytes(idle)
             conn.busy = True
             first = False
             try:
                 with gevent.Timeout(self.settings.header_timeout, _ClientError(408, "request head not received in time")):
-                    req = next(parser)
+                    conn.reading_head = True
+                    try:
+                        req = next(parser)
+                    finally:
+                        conn.reading_head = False
             except StopIteration:
                 return
             except http_errors.NoMoreData:
@@ -335,6 +400,14 @@ class GeventModelWorker(base.Worker):
         started = time.monotonic()
         sender = _Sender(sock, self.settings.send_deadline)
         if req.path == websocket.PATH:
+            if len(self.connections) > self.max_connections:
+                # A session holds its connection for as long as the client likes and is
+                # never evicted, so sessions must not take the room /ping needs.
+                self.send_error(sock, 503, f"this worker is at its connection cap ({self.max_connections}, "
+                                           "SMSERVE_MAX_CONNECTIONS): no new WebSocket session; try again later",
+                                {"Retry-After": "1"})
+                access.log_request(access.request_environ(req, addr), 503, 0, started)
+                return False
             # A WebSocket session takes the connection over until it closes.
             websocket.serve(self, sock, sender, req, parser.unreader.take_buffered(), addr)
             return False

@@ -3,6 +3,8 @@ connections at SIGTERM, slow and stalled clients, worker crashes. A real gunicor
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -170,6 +172,129 @@ def test_a_thousand_slow_clients_do_not_starve_ping(make_server, example_model_d
     finally:
         for sock in slow:
             sock.close()
+
+
+CAP = 16
+
+
+@pytest.mark.slow
+def test_at_the_cap_a_request_already_sent_is_never_the_one_evicted(make_server, example_model_dir):
+    """The cap is held by clients stalled mid-head. A complete GET /ping arrives and
+    then a silent connection, both before the worker's loop runs (it is stopped, as a
+    busy loop or a burst would leave them): the eviction must end a stalled client,
+    not the ping whose bytes are already there."""
+    server = make_server(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": str(CAP)})
+    (worker,) = _worker_pids(server.proc.pid)
+    stalled = []
+    for _ in range(CAP + 2):
+        sock = connect(server.port)
+        sock.sendall(b"G")
+        stalled.append(sock)
+    time.sleep(0.3)
+    try:
+        for _ in range(3):
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                ping = connect(server.port)
+                ping.sendall(request_bytes("GET", "/ping", headers={"Connection": "close"}))
+                silent = connect(server.port)
+                time.sleep(0.2)
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            assert Reader(ping).response().status == 200
+            ping.close()
+            silent.close()
+        # The stalled clients made the room: the longest-waiting ones were ended.
+        ended = 0
+        for sock in stalled:
+            sock.settimeout(0.5)
+            try:
+                ended += sock.recv(1) == b""
+            except (socket.timeout, ConnectionError):
+                pass
+        assert ended >= 3
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+@pytest.mark.slow
+def test_a_flood_at_the_cap_never_cuts_or_fails_a_request_being_read(make_server, example_model_dir):
+    """Requests whose bodies are still arriving, then a burst of silent connections
+    far past the cap: every request is answered 200. (An eviction once landed in a
+    request that had just become busy and made it a 500.)"""
+    server = make_server(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": str(CAP)})
+    held = []
+    for _ in range(CAP + 4):
+        sock = connect(server.port)
+        sock.sendall(b"P")
+        held.append(sock)
+    time.sleep(0.3)
+    body = request_bytes("POST", "/invocations", json.dumps({"instances": _pixels(0) * 4000}).encode(),
+                         {"Content-Type": "application/json", "Connection": "close"})
+    senders, answers = [], []
+
+    def send(sock):
+        try:
+            sock.sendall(body)
+        except OSError:
+            pass
+
+    valid = []
+    for _ in range(12):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answers wait, unread
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", server.port))
+        valid.append(sock)
+    for sock in valid:
+        senders.append(threading.Thread(target=send, args=(sock,)))
+        senders[-1].start()
+    try:
+        for _ in range(150):
+            held.append(connect(server.port))
+        for sock in valid:
+            try:
+                answers.append(Reader(sock).response().status)
+            except (ConnectionError, OSError) as e:
+                answers.append(repr(e))
+    finally:
+        for thread in senders:
+            thread.join(10)
+        for sock in held + valid:
+            sock.close()
+    assert answers == [200] * len(valid), answers
+    assert "_Close" not in server.log() and "unhandled error" not in server.log()
+
+
+@pytest.mark.slow
+def test_websocket_sessions_cannot_take_the_room_ping_needs(make_server, example_model_dir):
+    """A session is never evicted (it holds its connection as long as its client likes),
+    so past the cap a new session is refused with 503 instead of growing the worker's
+    connections until it runs out of descriptors and /ping cannot get in."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect as ws_connect
+
+    server = make_server(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": str(CAP)})
+    url = server.url.replace("http://", "ws://") + "/invocations-bidirectional-stream"
+    sessions, refused = [], []
+    with contextlib.ExitStack() as opened:
+        for _ in range(CAP + 8):
+            try:
+                sessions.append(opened.enter_context(ws_connect(url, open_timeout=10)))
+            except InvalidStatus as e:
+                refused.append(e.response.status_code)
+        assert CAP - 1 <= len(sessions) <= CAP + 1, len(sessions)
+        assert refused and set(refused) == {503}, refused
+        for _ in range(5):
+            assert requests.get(server.url + "/ping", timeout=2).status_code == 200
+        # The sessions that got in work.
+        sessions[0].send(json.dumps({"instances": _pixels(0)}))
+        assert len(json.loads(sessions[0].recv(timeout=10))["predictions"]) == 1
+    # Once they close, new sessions get in again.
+    with ws_connect(url, open_timeout=10) as session:
+        session.send(json.dumps({"instances": _pixels(1)}))
+        assert "predictions" in json.loads(session.recv(timeout=10))
 
 
 def _worker_pids(master_pid: int) -> set[int]:
