@@ -57,6 +57,14 @@ REASONS = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout"
            426: "Upgrade Required", 431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
            503: "Service Unavailable"}
 READ_SIZE = 1024 * 1024
+# After an error answer, how long and how much of a request still arriving is read and
+# dropped before the connection closes (see _linger).
+LINGER_S = 2.0
+LINGER_BYTES = 128 << 20
+# Non-empty chunks in one chunked body, as Triton's HTTP front end allows (its wording
+# too): each costs a Python-level parse, so a body of one-byte chunks costs ~6x its size
+# in parsing.
+MAX_CHUNKS = 1 << 16
 # CPython's default is 5 ms; 1 ms measured no loss of throughput at batch 1 or 256
 # (bench_peers, both in one run) and a CSV body's /ping p99 fell from 44-227 ms to 11-20.
 GIL_SWITCH_S = 0.001
@@ -481,12 +489,14 @@ class GeventModelWorker(base.Worker):
         """The whole body, within the body deadline and the payload limit."""
         limit = self.settings.max_body_bytes
         too_big = f"exceeds the payload limit of {limit} bytes ({self.settings.body_limit_setting})"
+        _check_transfer_coding(req)
         declared = _content_length(req)
         if declared is not None and declared > limit:
             raise _ClientError(413, f"request body of {declared} bytes {too_big}")
         if req.body is None:
             return b""
-        _check_chunk_sizes(req.body, limit, too_big)
+        turn = turns.Turn()
+        _check_chunks(req.body, limit, too_big, turn)
         first = b""
         # Past one read, the body grows in a BytesIO: its buffer is enlarged in place
         # and getvalue() hands it over without a copy, where joining the reads would copy
@@ -496,7 +506,6 @@ class GeventModelWorker(base.Worker):
         try:
             with gevent.Timeout(self.settings.body_timeout,
                                 _ClientError(408, f"request body not received within {self.settings.body_timeout} s")):
-                turn = turns.Turn()
                 while True:
                     data = req.body.read(READ_SIZE)
                     if not data:
@@ -530,7 +539,33 @@ class GeventModelWorker(base.Worker):
             with gevent.Timeout(5, False):
                 sock.sendall(head.encode("latin-1") + body)
         except OSError:
-            pass
+            return
+        if status != 408:  # a client that timed out is not sending
+            _linger(sock)
+
+
+def _linger(sock) -> None:
+    """After an error answer the connection closes, but the client may still be sending
+    the request that caused it (a body over the limit, the rest of a malformed one).
+    Closing with its bytes unread makes the kernel reset the connection, and a reset can
+    destroy the answer before the client has read it. So stop writing, then read and
+    drop what still comes, for a bounded time and amount (as nginx's lingering close)."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+    dropped = 0
+    turn = turns.Turn()
+    try:
+        with gevent.Timeout(LINGER_S, False):
+            while dropped < LINGER_BYTES:
+                data = sock.recv(READ_SIZE)
+                if not data:
+                    return
+                dropped += len(data)
+                turn.take()
+    except OSError:
+        pass
 
 
 class _SendTimeout(Exception):
@@ -576,21 +611,31 @@ class _Sender:
         return getattr(self._sock, name)
 
 
-def _check_chunk_sizes(body, limit: int, too_big: str) -> None:
+def _check_chunks(body, limit: int, too_big: str, turn: turns.Turn) -> None:
     """A chunked body is refused as soon as its declared chunk sizes pass the limit,
-    not after that many bytes have been read (or waited for)."""
+    not after that many bytes have been read (or waited for), and past MAX_CHUNKS
+    chunks. Each chunk is parsed in Python, and one read of the body parses as many as
+    its bytes hold (a million in 6 MB of one-byte chunks), so the loop gets its turns
+    between chunks too."""
     reader = getattr(body, "reader", None)
     parse = getattr(reader, "parse_chunk_size", None)
     if parse is None:
         return
     declared = 0
+    chunks = 0
 
     def checked(unreader, data=None):
-        nonlocal declared
+        nonlocal declared, chunks
         size, rest = parse(unreader, data)
         declared += size
         if declared > limit:
             raise _ClientError(413, f"chunked request body of at least {declared} bytes {too_big}")
+        if size:
+            chunks += 1
+            if chunks > MAX_CHUNKS:
+                raise _ClientError(400, f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
+                                        "Send fewer or larger HTTP chunks.")
+        turn.take()
         return size, rest
 
     reader.parse_chunk_size = checked
@@ -615,6 +660,20 @@ def _reason(status: int) -> str:
 def _buffered(parser) -> bool:
     """Bytes of a next (pipelined) request already read off the socket."""
     return parser.unreader.buf.getbuffer().nbytes > 0
+
+
+def _check_transfer_coding(req) -> None:
+    """gunicorn lets gzip, deflate and compress through as transfer codings, for the
+    application to undo; ours do not, so such a body would reach the codecs still
+    compressed. RFC 9112 6.1: a transfer coding the server does not understand is 501."""
+    for name, value in req.headers:
+        if name == "TRANSFER-ENCODING":
+            codings = [v.strip(" \t").lower() for v in value.split(",")]
+            others = [c for c in codings if c != "chunked"]
+            if others:
+                raise _ClientError(501, f"Transfer-Encoding {', '.join(others)} is not supported: send the body "
+                                        "chunked or with a Content-Length (compressed, if you like, with "
+                                        "Content-Encoding: gzip or deflate)")
 
 
 def _content_length(req) -> int | None:

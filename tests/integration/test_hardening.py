@@ -297,6 +297,82 @@ def test_websocket_sessions_cannot_take_the_room_ping_needs(make_server, example
         assert "predictions" in json.loads(session.recv(timeout=10))
 
 
+def _ping_while(server, action) -> tuple[object, list]:
+    """Run action() while /ping is asked every 50 ms on fresh connections; its result
+    and every ping's (status or error, seconds)."""
+    pings, done = [], threading.Event()
+
+    def poll():
+        while not done.is_set():
+            started = time.monotonic()
+            try:
+                status = requests.get(server.url + "/ping", timeout=2).status_code
+            except requests.RequestException as e:
+                status = type(e).__name__
+            pings.append((status, time.monotonic() - started))
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        time.sleep(0.2)
+        result = action()
+        time.sleep(0.2)
+    finally:
+        done.set()
+        poller.join()
+    return result, pings
+
+
+@pytest.mark.slow
+def test_a_body_of_a_million_one_byte_chunks_neither_stalls_ping_nor_is_parsed_whole(make_server, example_model_dir):
+    """Each chunk costs a Python-level parse: one read of 1 MB of them held the event
+    loop for seconds. Past Triton's 65,536 non-empty chunks the body is refused (its
+    wording), and the client that sent it all before reading still gets that answer."""
+    server = make_server(example_model_dir)
+    row = b",".join([b"1"] * 64) + b"\n"
+    content = row * (1_000_000 // len(row))
+    body = b"".join(b"1\r\n" + content[i:i + 1] + b"\r\n" for i in range(len(content))) + b"0\r\n\r\n"
+    head = (b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: text/csv\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+
+    def send_all_then_read():
+        sock = connect(server.port)
+        sock.sendall(head + body)
+        answer = Reader(sock).response()
+        sock.close()
+        return answer
+
+    answer, pings = _ping_while(server, send_all_then_read)
+    assert answer.status == 400
+    assert answer.json() == {"error": "Chunked request body exceeds maximum of 65536 non-empty chunks. "
+                                      "Send fewer or larger HTTP chunks."}
+    assert pings and all(status == 200 and seconds < 2 for status, seconds in pings), pings
+    # Under the cap such a body is served, the loop keeping its turns.
+    small = content[:50_000 // len(row) * len(row)]
+    chunked = b"".join(b"1\r\n" + small[i:i + 1] + b"\r\n" for i in range(len(small))) + b"0\r\n\r\n"
+    sock = connect(server.port)
+    sock.sendall(head + chunked)
+    answer = Reader(sock).response()
+    sock.close()
+    assert answer.status == 200 and len(answer.json()["predictions"]) == len(small) // len(row)
+
+
+def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(make_server, example_model_dir):
+    """The 413 leaves before the body is read. Closing then, with the body still
+    arriving, would reset the connection, and a reset may destroy the answer before
+    the client reads it: the worker reads and drops the rest for a while first."""
+    server = make_server(example_model_dir, {"SMSERVE_MAX_REQUEST_MB": "1"})
+    body = b"1," * (10 << 20)
+    for _ in range(3):
+        sock = connect(server.port)
+        sock.sendall(request_bytes("POST", "/invocations", body, {"Content-Type": "text/csv"}))
+        answer = Reader(sock).response()
+        sock.close()
+        assert answer.status == 413 and "payload limit" in answer.json()["error"]
+    assert requests.get(server.url + "/ping", timeout=5).status_code == 200
+
+
 def _worker_pids(master_pid: int) -> set[int]:
     pids = set()
     for entry in os.listdir("/proc"):

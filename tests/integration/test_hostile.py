@@ -388,6 +388,14 @@ def _cases() -> list[Case]:
         Case("request-line-binary", b"\x00\x01\x02\xff\r\n\r\n"),
         Case("header-nul-byte", b"GET /ping HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n"),
         Case("header-without-colon", b"GET /ping HTTP/1.1\r\nHost: x\r\nXA\r\n\r\n"),
+        # gunicorn hands gzip/deflate transfer codings to the application, which does not undo them.
+        Case("transfer-encoding-gzip-chunked",
+             b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: text/csv\r\n"
+             b"Transfer-Encoding: gzip, chunked\r\n\r\n" + b"3\r\n1,2\r\n0\r\n\r\n", statuses=(501,)),
+        # 513 valid CSV rows in 65,664 one-byte chunks: past Triton's 65,536.
+        Case("too-many-chunks", CHUNKED_HEAD.replace(b"application/json", b"text/csv")
+             + b"".join(b"1\r\n%c\r\n" % c for c in b",".join([b"1"] * 64) + b"\n") * 513 + b"0\r\n\r\n",
+             statuses=(400,)),
         Case("transfer-encoding-gzip",
              b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
              b"Transfer-Encoding: gzip\r\n\r\n", statuses=(400, 501)),
