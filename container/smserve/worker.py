@@ -14,8 +14,12 @@ gunicorn's parser, WSGI environ and response writer and owns the connection loop
   the app runs: a body shorter than its Content-Length, a malformed chunk or one over
   the payload limit is answered with a JSON error and the connection closed.
 - At most SMSERVE_MAX_CONNECTIONS connections; at the cap, a new connection evicts the
-  one that has waited longest for request bytes, so a flood of stalled clients can
-  never lock out SageMaker's health check.
+  one that has waited longest for request bytes (idle, or stalled inside a request's
+  head; never one whose bytes have arrived), so a flood of stalled clients can never
+  lock out SageMaker's health check. WebSocket sessions are never evicted, so past the
+  cap a new one is refused (503).
+- A chunked body holds at most MAX_CHUNKS chunks. After an error answer the connection
+  lingers, reading what the client still sends, so that it reads the answer.
 - SIGTERM: stop accepting, serve every request whose bytes already reached the
   server (on any connection, pipelined ones included; the accept backlog too), close
   connections with no request byte waiting at once, exit when the last answer is out.
