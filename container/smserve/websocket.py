@@ -31,10 +31,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
+import fcntl
 import inspect
 import io
 import logging
 import socket
+import sys
+import termios
 import time
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
@@ -161,7 +165,9 @@ def accept_response(req) -> bytes:
 
 def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
     """Run one session on a connection whose handshake request was just parsed; the
-    connection ends with it."""
+    connection ends with it. A session that opens while the worker drains (its
+    handshake was waiting at SIGTERM) drains at once: the messages that came with the
+    handshake are answered, then 1001."""
     started = time.monotonic()
     environ = access.request_environ(req, addr)
     problem = handshake_error(req)
@@ -173,6 +179,10 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
     writer.sendall(accept_response(req))
     session = Session(worker, sock, writer, req, leftover, addr)
     worker.sessions.add(session)
+    # After the add: begin_drain sets `alive` before it walks the sessions, so every
+    # session is told, by begin_drain or here.
+    if not getattr(worker, "alive", True):
+        session.shutdown()
     try:
         session.run()
     finally:
@@ -208,6 +218,13 @@ class Session:
         self.remote_closed = False
         self.remote_close: CloseConnection | None = None
         self.draining = False
+        # At SIGTERM: how many bytes were waiting unread in the socket. They reached the
+        # server before the signal, so the messages they complete are held and answered.
+        self.held_unread = 0
+        # The watcher the reader waits on for bytes; shutdown() cancels that wait.
+        self.readable = None
+        # An answer of a text type was not valid text (logged once a session).
+        self.warned_text = False
         # Default sessions: answers in the order their messages came.
         self.pending: Queue = Queue()
         self.slots = Semaphore(MAX_PENDING)
@@ -261,6 +278,8 @@ class Session:
             self._end_of_messages()
             self.reader.kill(block=False)
             answering.kill(block=False)
+            if self.readable is not None:
+                self.readable.close()
             if stream_fn is not None:
                 self.server.close_stream_session()
         if isinstance(outcome, Closing):
@@ -276,13 +295,22 @@ class Session:
             self._close(NORMAL, "")
 
     def shutdown(self) -> None:
-        """SIGTERM: read no further message; answer those held, then close 1001."""
+        """SIGTERM: answer the messages held, then close 1001. Held: every complete
+        message whose bytes reached the server before now, those already read and those
+        still waiting in the socket; nothing that arrives later is read.
+
+        The reader is never interrupted where it stands (a message it was handing on
+        would be lost, a pong half written): it is woken only from its wait for bytes,
+        and otherwise sees `draining` once the bytes in hand are taken apart."""
         if self.draining:
             return
         self.draining = True
         self.context.shutting_down = True
-        if self.reader is not None and not self.reader.dead:
-            self.reader.kill(_Stop, block=False)
+        if self.close_code is None and (self.reader is None or not self.reader.dead):
+            self.held_unread = _unread(self.sock)
+        if self.readable is not None:
+            # Thrown only if the reader still waits on it when the hub gets to it.
+            gevent_socket.cancel_wait(self.readable, _Stop())
 
     def _options(self) -> dict[str, str]:
         unknown = sorted(set(self.query) - set(SESSION_OPTIONS))
@@ -310,34 +338,48 @@ class Session:
 
     # ------------------------------------------------------------ reading
 
-    def _read(self) -> None:
-        """Frames in, until the client closes, the connection ends or we drain."""
-        try:
-            if self.leftover:
-                self._receive(self.leftover)
-            turn = turns.Turn()
-            while not self.remote_closed:
-                data = self.sock.recv(READ_SIZE)
-                if not data:
-                    return GONE
-                self._receive(data)
-                turn.take()  # a client streaming a big message must not hold the loop
-            return CLOSED
-        except _Stop:
-            # Draining: whole messages already in the socket are held, so answered.
-            self._receive_waiting()
-            return DRAINED
-
-    def _receive_waiting(self) -> None:
-        raw = self.sock._sock
-        while not self.remote_closed:
+    def _read(self) -> str:
+        """Frames in, until the client closes, the connection ends or we drain; which
+        of those (CLOSED, GONE, DRAINED)."""
+        if self.leftover:
+            self._receive(self.leftover)
+        raw = self.sock._sock  # non-blocking; the waits are ours (see _wait_readable)
+        turn = turns.Turn()
+        while not self.remote_closed and not self.draining:
             try:
                 data = raw.recv(READ_SIZE, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError, OSError):
-                return
+            except (BlockingIOError, InterruptedError):
+                self._wait_readable()
+                continue
             if not data:
-                return
+                return GONE
             self._receive(data)
+            turn.take()  # a client streaming a big message must not hold the loop
+        if self.remote_closed:
+            return CLOSED
+        # Draining: the messages completed by the bytes that were waiting at the signal
+        # are held too. (A message still incomplete after them is not.)
+        left = self.held_unread
+        while left > 0 and not self.remote_closed:
+            try:
+                data = raw.recv(min(READ_SIZE, left), socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                return GONE
+            left -= len(data)
+            self._receive(data)
+            turn.take()
+        return CLOSED if self.remote_closed else DRAINED
+
+    def _wait_readable(self) -> None:
+        """Until the socket has bytes, or shutdown() cancels the wait."""
+        if self.readable is None:
+            self.readable = gevent.get_hub().loop.io(self.sock.fileno(), 1)
+        try:
+            gevent_socket.wait(self.readable)
+        except _Stop:
+            pass
 
     def _receive(self, data: bytes) -> None:
         self.ws.receive_data(data)
@@ -424,19 +466,27 @@ class Session:
             self.answered += 1
 
     def _send_reply(self, reply: protocols.Reply) -> None:
-        text = reply.media.startswith(TEXT_MEDIA)
+        text = _Text(reply.media) if reply.media.startswith(TEXT_MEDIA) else None
         if not reply.streamed:
-            self._send_message(_payload(reply.body, text), True)
+            self._send_message(bytes(reply.body) if text is None else text.piece(reply.body, final=True), True)
+            self._check_text(text, f"an answer of type {reply.media}")
             return
         chunks = iter(reply.body)
         try:
             for chunk in chunks:
-                self._send_message(_payload(chunk, text), False)
-            self._send_message("" if text else b"", True)
+                self._send_message(bytes(chunk) if text is None else text.piece(chunk), False)
+            self._send_message(b"" if text is None else text.end(), True)
+            self._check_text(text, f"an answer of type {reply.media}")
         finally:
             close = getattr(chunks, "close", None)
             if close:
                 close()
+
+    def _check_text(self, text: _Text | None, what: str) -> None:
+        if text is not None and text.invalid and not self.warned_text:
+            self.warned_text = True
+            log.warning("%s is not valid %s, but a text message must be: the bytes that are not were sent as "
+                        "U+FFFD (logged once a session)", what, text.charset)
 
     def _send_failure(self, error: BaseException) -> None:
         if isinstance(error, PayloadTooLarge):
@@ -482,15 +532,17 @@ class Session:
         """One fragmented message: a frame an item. The first item decides its type:
         bytes make a binary message, anything else text (str as it is, other values as
         a JSON line each)."""
-        text = None
+        binary = None
+        text = _Text()
         while True:
             piece = _call(pool, lock, _next, items)
             if piece is _END:
                 break
-            if text is None:
-                text = not isinstance(piece, (bytes, bytearray, memoryview))
-            self._send_message(_item_payload(piece, text, line=True), False)
-        self._send_message("" if text in (None, True) else b"", True)
+            if binary is None:
+                binary = isinstance(piece, (bytes, bytearray, memoryview))
+            self._send_message(_item_payload(piece, None if binary else text, line=True), False)
+        self._send_message(b"" if binary else text.end(), True)
+        self._check_text(None if binary else text, "a stream_fn's text answer")
 
     def _send_item(self, item) -> None:
         if isinstance(item, (bytes, bytearray, memoryview)):
@@ -498,7 +550,9 @@ class Session:
         elif isinstance(item, str):
             self._send_message(item, True)
         else:
-            self._send_message(_item_payload(item, True), True)
+            from .streams import to_json
+
+            self._send_message(to_json(item).decode("utf-8"), True)
 
     # ------------------------------------------------------------ writing
 
@@ -665,25 +719,77 @@ def _is_iterator(item) -> bool:
     return inspect.isgenerator(item) or (hasattr(item, "__next__") and not hasattr(item, "shape"))
 
 
-def _payload(data, text: bool):
-    data = bytes(data)
-    if text:
+def _unread(sock) -> int:
+    """How many bytes wait unread in the socket's receive buffer (FIONREAD)."""
+    count = bytearray(4)
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    except (OSError, ValueError):  # closed: nothing to read
+        return 0
+    return int.from_bytes(count, sys.byteorder, signed=True)
+
+
+class _Text:
+    """The text of one text message whose bytes come in pieces (a streamed answer's
+    chunks): each frame carries the characters complete so far, so a piece that ends
+    inside a character leaves its last bytes to the next one (RFC 6455 lets a text
+    message's fragments split a character; wsproto does not, each frame is a str).
+    Bytes that are not text in the answer's charset (UTF-8 unless its Content-Type
+    names another) come out as U+FFFD: the message stays text, as its type says."""
+
+    def __init__(self, media: str = ""):
+        self.charset = _charset(media)
+        self.decoder = codecs.getincrementaldecoder(self.charset)("strict")
+        self.invalid = False
+
+    def piece(self, data, final: bool = False) -> str:
         try:
-            return data.decode("utf-8")
+            return self.decoder.decode(data, final)
         except UnicodeDecodeError:
-            return data
-    return data
+            # From here on with replacement, starting over at the bytes held back.
+            pending = self.decoder.getstate()[0]
+            self.decoder = codecs.getincrementaldecoder(self.charset)("replace")
+            self.invalid = True
+            return self.decoder.decode(pending + bytes(data), final)
+
+    def end(self) -> str:
+        """The message's last characters: an incomplete one left at the end is U+FFFD."""
+        return self.piece(b"", final=True)
+
+    @property
+    def pending(self) -> bool:
+        """Bytes of an incomplete character are held back."""
+        return bool(self.decoder.getstate()[0])
 
 
-def _item_payload(item, text: bool, line: bool = False):
-    """One item a stream_fn yielded, as a frame's payload of the message's type; other
-    values than str and bytes as JSON (a line each, in a fragmented message)."""
+def _charset(media: str) -> str:
+    """The charset a Content-Type names, if Python knows it as a text encoding; else UTF-8."""
+    for param in media.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            try:
+                info = codecs.lookup(value.strip().strip('"'))
+            except LookupError:
+                break
+            if getattr(info, "_is_text_encoding", True):  # (not base64, rot13, ...)
+                return info.name
+            break
+    return "utf-8"
+
+
+def _item_payload(item, text: "_Text | None", line: bool = False):
+    """One item a stream_fn yielded, as a frame's payload of the message's type (text
+    when `text` holds the message's decoder); other values than str and bytes as JSON
+    (a line each, in a fragmented message)."""
     if isinstance(item, str):
-        return item if text else item.encode("utf-8")
+        if text is None:
+            return item.encode("utf-8")
+        # (Behind the bytes of a character that the items before left incomplete.)
+        return text.piece(item.encode("utf-8")) if text.pending else item
     if isinstance(item, (bytes, bytearray, memoryview)):
-        return bytes(item).decode("utf-8", errors="replace") if text else bytes(item)
+        return bytes(item) if text is None else text.piece(item)
     from .streams import to_json
 
     encoded = to_json(item) + (b"\n" if line else b"")
-    return encoded.decode("utf-8") if text else encoded
+    return encoded if text is None else text.piece(encoded)
 
