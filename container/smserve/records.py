@@ -1,13 +1,19 @@
 """Numeric records from CSV, JSON Lines and JSON request text, parsed in bounded slices.
 
 Each parse works on about `slices.TEXT_BYTES` of text per C call (split at newlines, or
-at record boundaries of a JSON list) so the event loop's thread gets the GIL between
-slices; the result is the same array, and the same error, as one parse of the whole
-body. Text carries finite numbers only (see simple.py's header for the rules).
+at record boundaries of a JSON list; CSV `slices.CSV_TEXT_BYTES`, and a CSV line longer
+than that is cut at commas) so the event loop's thread gets the GIL between slices; the
+result is the same array, and the same error, as one parse of the whole body. Text
+carries finite numbers only (see simple.py's header for the rules).
+
+A JSON Lines line longer than a slice is read as a sliced JSON document is when it holds
+numbers and lists only; any other (objects, strings, a malformed one) is parsed in one
+call, which the payload limit bounds.
 """
 
 from __future__ import annotations
 
+import codecs
 import io
 import math
 import re
@@ -32,6 +38,7 @@ SLICED_JSON_MIN_BYTES = 1024 * 1024
 _WHITESPACE = b" \t\r\n\f\v"
 # What a blank line holds.
 _BLANK = " \t\r\f\v"
+_BLANK_BYTES = _BLANK.encode()
 # The plain spelling of a number, which np.loadtxt and float() read alike; any other
 # cell (other whitespace, nan, inf, junk) is judged by np.loadtxt itself.
 _FINITE = re.compile(r"[ \t]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*")
@@ -61,8 +68,16 @@ _RECORDS_START = re.compile(rb'\s*(?:\{\s*"(' + b"|".join(k.encode() for k in RE
 
 
 def lines(body: bytes, size: int | None = None) -> Iterator[tuple[bytes, int]]:
-    """(slice, number of its first line): whole lines, about `size` bytes each, with
-    the newline between slices dropped and trailing blank lines ignored."""
+    """(slice, number of its first line): whole lines, at most `size` bytes together or
+    one longer line alone, with the newline between slices dropped and trailing blank
+    lines ignored."""
+    for start, stop, number in _spans(body, size or slices.TEXT_BYTES):
+        yield body[start:stop], number
+
+
+def _spans(body: bytes, size: int) -> Iterator[tuple[int, int, int]]:
+    """lines() as (start, stop, number of its first line) in `body`: a slice longer than
+    `size` is one line, and the caller can read it a bounded piece at a time."""
     end = len(body)
     while end:  # trailing whitespace, a bounded piece at a time
         chunk = body[max(0, end - 4096) : end]
@@ -72,38 +87,81 @@ def lines(body: bytes, size: int | None = None) -> Iterator[tuple[bytes, int]]:
             break
     if not end:
         raise BadRequest("request body holds no records")
-    size = size or slices.TEXT_BYTES
     pos, number = 0, 1
     while pos < end:
-        cut = body.find(b"\n", pos + size, end) if pos + size < end else -1
-        stop = end if cut < 0 else cut
-        piece = body[pos:stop]
-        yield piece, number
-        number += piece.count(b"\n") + 1
+        stop = end if end - pos <= size else body.rfind(b"\n", pos, pos + size + 1)
+        if stop < 0:  # the line at pos is longer than a slice: it goes alone
+            stop = body.find(b"\n", pos + size, end)
+            stop = end if stop < 0 else stop
+            lines_in = 1
+        else:
+            lines_in = body.count(b"\n", pos, stop) + 1
+        yield pos, stop, number
+        number += lines_in
         pos = stop + 1
 
 
 # ---------------------------------------------------------------- CSV
 #
 # One rule for errors, whatever the slicing: a body's error is that of its first bad
-# line, and a line's is the first of: not UTF-8, blank, wrong column count, then its
-# first bad cell. A slice numpy reads cleanly holds no bad line; a slice it refuses is
-# walked line by line, and every line is judged alone by the same test, so a sliced
-# parse names the very line (and words) one parse of the whole body names.
+# line, and a line's is the first of: not UTF-8, blank, wrong column count (more than
+# the model's input takes, for line 1), then its first bad cell. A slice numpy reads
+# cleanly holds no bad line; a slice it refuses is walked line by line, and every line
+# is judged alone by the same test, so a sliced parse names the very line (and words)
+# one parse of the whole body names.
+#
+# A line longer than a slice (a million columns on one line) is read alone, cut at
+# commas into pieces of about a slice each: numpy reads a line's cells the same
+# together or apart. Before any cell it is checked whole, a bounded window at a time,
+# for what comes first in the rule (UTF-8, blank, its column count), and a line 1
+# wider than the model's input is refused there, before a cell is converted.
+
+# No number is written this long; a cell past it is refused without being read (numpy
+# would convert it in one call, holding the GIL ~20 ms a MB).
+MAX_CELL_BYTES = slices.CSV_TEXT_BYTES
 
 
-def csv(body: bytes, size: int | None = None) -> np.ndarray:
-    """CSV rows -> a 2-D float64 array, numpy's C reader one slice at a time."""
+def csv(body: bytes, size: int | None = None, max_columns: int | None = None, input_name: str = "input") -> np.ndarray:
+    """CSV rows -> a 2-D float64 array, numpy's C reader one slice at a time.
+
+    max_columns: the most values a record of the model's input holds, when its
+    metadata says: a wider line 1 is refused before its cells are read."""
+    size = min(size or slices.CSV_TEXT_BYTES, MAX_CELL_BYTES)  # every line that may hold a too-long cell is long
     parts: list[np.ndarray] = []
     columns = None
-    for piece, first in lines(body, size or slices.CSV_TEXT_BYTES):
+    for start, stop, first in _spans(body, size):
+        if stop - start > size:  # one line, longer than a slice
+            count = _csv_long_line_columns(body, start, stop, first)
+            if columns is None:
+                columns = count
+                _check_width(first, columns, max_columns, input_name)
+            elif count != columns:
+                raise _column_count_error(first, count, columns)
+            parts.append(_csv_long_line(body, start, stop, first, columns, size))
+            continue
+        piece = body[start:stop]
         if columns is None:
-            columns = piece.split(b"\n", 1)[0].count(b",") + 1
+            line = piece.split(b"\n", 1)[0]
+            columns = line.count(b",") + 1
+            if max_columns is not None and columns > max_columns:
+                _csv_line_text(line, first)  # not UTF-8, or blank, comes first
+                _check_width(first, columns, max_columns, input_name)
         values = _csv_piece(piece, columns)
         if values is None:
             _csv_culprit(piece, first, columns)
         parts.append(values)
     return slices.stack(parts)
+
+
+def _check_width(number: int, columns: int, max_columns: int | None, input_name: str) -> None:
+    if max_columns is not None and columns > max_columns:
+        raise BadRequest(f"CSV line {number} has {columns} columns; input '{input_name}' takes at most {max_columns}")
+
+
+def _column_count_error(number: int, count: int, columns: int) -> BadRequest:
+    return BadRequest(
+        f"CSV line {number} has {count} columns, line 1 has {columns}: every record needs the same number of columns"
+    )
 
 
 def _csv_piece(piece: bytes, columns: int) -> np.ndarray | None:
@@ -112,44 +170,174 @@ def _csv_piece(piece: bytes, columns: int) -> np.ndarray | None:
     skips it or refuses it, and either way the row count below or the parse fails."""
     if piece.count(b"\r") != piece.count(b"\r\n") + piece.endswith(b"\r"):
         return None  # a lone CR: np.loadtxt would take it as a line end
-    try:
-        values = np.loadtxt(io.StringIO(piece.decode("utf-8")), delimiter=",", dtype=np.float64, ndmin=2,
-                            comments=None, quotechar=None)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if values.shape != (piece.count(b"\n") + 1, columns) or not np.isfinite(values).all():
+    values = _loadtxt(piece)
+    if values is None or values.shape != (piece.count(b"\n") + 1, columns) or not np.isfinite(values).all():
         return None
     return values
+
+
+def _loadtxt(text: bytes) -> np.ndarray | None:
+    """np.loadtxt's float64 rows of `text`; None where it refuses it, or finds no row."""
+    if not text.strip(b"\r\n"):
+        return None  # (numpy warns of an empty input, then gives no row)
+    try:
+        return np.loadtxt(io.StringIO(text.decode("utf-8")), delimiter=",", dtype=np.float64, ndmin=2,
+                          comments=None, quotechar=None)
+    except (UnicodeDecodeError, ValueError):
+        return None
 
 
 def _csv_culprit(piece: bytes, first: int, columns: int):
     """Raise the error of the slice's first bad line."""
     for number, raw in enumerate(piece.split(b"\n"), start=first):
+        cells = _csv_line_text(raw, number).split(",")
+        if len(cells) != columns:
+            raise _column_count_error(number, len(cells), columns)
+        _csv_cell_culprit(cells, number, 1)
+    raise BadRequest("CSV body does not parse as numbers")  # not reached: some line above is bad
+
+
+def _csv_line_text(raw: bytes, number: int) -> str:
+    """A line's text without its CR; raises when it is not UTF-8 or is blank."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"body is not UTF-8 text (line {number})") from None
+    if line.endswith("\r"):
+        line = line[:-1]
+    if not line.strip(_BLANK):
+        raise BadRequest(f"line {number} is empty: each line must be one record")
+    return line
+
+
+def _csv_cell_culprit(cells: list[str], number: int, column: int) -> None:
+    """Raise for the first bad one of these cells of line `number`, the first of them
+    in column `column`; None when all are numbers."""
+    for column, cell in enumerate(cells, start=column):
+        problem = _cell_problem(cell)
+        if problem:
+            raise BadRequest(f"CSV line {number}, column {column}: {cell.strip()[:40]!r} {problem}")
+
+
+def _csv_long_line_columns(body: bytes, start: int, stop: int, number: int) -> int:
+    """The column count of the line body[start:stop], once it is known to be UTF-8 and
+    not blank (which come first), a bounded window at a time."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    blank, commas = True, 0
+    for at in range(start, stop, slices.SCAN_BYTES):
+        window = body[at : min(at + slices.SCAN_BYTES, stop)]
         try:
-            line = raw.decode("utf-8")
+            decoder.decode(window, final=at + slices.SCAN_BYTES >= stop)
         except UnicodeDecodeError:
             raise BadRequest(f"body is not UTF-8 text (line {number})") from None
-        if line.endswith("\r"):
-            line = line[:-1]
-        if not line.strip(_BLANK):
-            raise BadRequest(f"line {number} is empty: each line must be one record")
-        cells = line.split(",")
-        if len(cells) != columns:
-            raise BadRequest(
-                f"CSV line {number} has {len(cells)} columns, line 1 has {columns}: "
-                "every record needs the same number of columns"
-            )
-        for column, cell in enumerate(cells, start=1):
-            problem = _cell_problem(cell)
-            if problem:
-                raise BadRequest(f"CSV line {number}, column {column}: {cell.strip()[:40]!r} {problem}")
-    raise BadRequest("CSV body does not parse as numbers")  # not reached: some line above is bad
+        blank = blank and not window.strip(_BLANK_BYTES)
+        commas += window.count(b",")
+    if blank:
+        raise BadRequest(f"line {number} is empty: each line must be one record")
+    return commas + 1
+
+
+def _csv_long_line(body: bytes, start: int, stop: int, number: int, columns: int, size: int) -> np.ndarray:
+    """The line body[start:stop] (UTF-8, not blank, `columns` cells) as a (1, columns)
+    row: its cells cut at commas into runs of about `size` bytes, each read alone."""
+    if body[stop - 1 : stop] == b"\r":
+        stop -= 1  # the line's own CR; any other is a lone one, which no cell may hold
+    out = np.empty((1, columns), dtype=np.float64)
+    at, column = start, 1  # where the run of cells starts, and its first cell's column
+    while True:
+        if stop - at <= size:
+            cut = stop
+        else:
+            cut = body.rfind(b",", at, at + size + 1)
+            if cut < 0:  # the cell at `at` is longer than a slice
+                cut = body.find(b",", at + size, min(stop, at + MAX_CELL_BYTES + 1))
+                if cut < 0 and stop - at > MAX_CELL_BYTES:
+                    cut = body.find(b",", at, stop)
+                    cut = stop if cut < 0 else cut
+                    out[0, column - 1] = _padded_cell(body, at, cut, number, column)
+                    column += 1
+                    if cut >= stop:
+                        return out
+                    at = cut + 1
+                    continue
+                cut = stop if cut < 0 else cut
+        run = body[at:cut]
+        values = _csv_cells(run)
+        if values is None:
+            _csv_cell_culprit(run.decode("utf-8").split(","), number, column)
+            raise BadRequest("CSV body does not parse as numbers")  # not reached: a cell above is bad
+        out[0, column - 1 : column - 1 + len(values)] = values
+        column += len(values)
+        if cut >= stop:
+            return out
+        at = cut + 1
+
+
+def _padded_cell(body: bytes, start: int, stop: int, number: int, column: int) -> float:
+    """A cell over MAX_CELL_BYTES, body[start:stop]. No number needs that many bytes,
+    but padding can make one that long, as a client filling a body to an exact size
+    does: spaces around it, zeros before its digits, zeros after a fraction's last
+    digit. Those are taken off (a bounded window a step), and what is left must be a
+    number of at most MAX_CELL_BYTES; anything else is refused without being read."""
+    start = _skip(body, start, stop, b" \t")
+    stop = _skip_back(body, start, stop, b" \t")
+    sign = body[start : start + 1] if body[start : start + 1] in (b"+", b"-") else b""
+    start = _skip(body, start + len(sign), stop, b"0")
+    if (stop - start > MAX_CELL_BYTES and body.find(b".", start, stop) >= 0
+            and body.find(b"e", start, stop) < 0 and body.find(b"E", start, stop) < 0):
+        stop = _skip_back(body, start, stop, b"0")
+    if stop - start > MAX_CELL_BYTES:
+        raise BadRequest(f"CSV line {number}, column {column}: a cell over {MAX_CELL_BYTES} bytes long "
+                         "is not a number")
+    cell = sign + (body[start:stop] or b"0")
+    if body[start : start + 1] == b".":
+        cell = sign + b"0" + body[start:stop]
+    values = _csv_cells(cell)
+    if values is None:
+        _csv_cell_culprit([cell.decode("utf-8")], number, column)
+        raise BadRequest(f"CSV line {number}, column {column}: not a number")  # not reached
+    return float(values[0])
+
+
+def _skip(body: bytes, at: int, stop: int, chars: bytes) -> int:
+    """The first position in body[at:stop] whose byte is not one of chars."""
+    other = re.compile(b"[^" + re.escape(chars) + b"]")
+    while at < stop:
+        step = min(stop, at + slices.SCAN_BYTES)
+        found = other.search(body, at, step)
+        if found:
+            return found.start()
+        at = step
+    return stop
+
+
+def _skip_back(body: bytes, start: int, stop: int, chars: bytes) -> int:
+    """The end of body[start:stop] without its trailing run of chars."""
+    while stop > start:
+        step = max(start, stop - slices.SCAN_BYTES)
+        kept = len(body[step:stop].rstrip(chars))
+        if kept:
+            return step + kept
+        stop = step
+    return start
+
+
+def _csv_cells(run: bytes) -> np.ndarray | None:
+    """A run of one line's cells as a 1-D array; None when any of them is bad."""
+    if b"\r" in run:
+        return None  # a lone CR (the line's own was taken off)
+    values = _loadtxt(run)
+    if values is None or values.shape != (1, run.count(b",") + 1) or not np.isfinite(values).all():
+        return None
+    return values[0]
 
 
 def _cell_problem(cell: str) -> str | None:
     """What is wrong with one cell, as np.loadtxt judges it; None if it is a finite number."""
     if _FINITE.fullmatch(cell):
         value = float(cell)
+    elif "\r" in cell or "\n" in cell:
+        return "is not a number"  # (numpy would read it as two lines)
     else:  # another spelling numpy may take (other whitespace, nan, inf): ask numpy
         try:
             value = float(np.loadtxt(io.StringIO(cell + ",0"), delimiter=",", dtype=np.float64, ndmin=2,
@@ -166,15 +354,21 @@ def _cell_problem(cell: str) -> str | None:
 # ---------------------------------------------------------------- JSON Lines
 #
 # The same rule: the error of the first bad line, a line being bad when it is blank,
-# not JSON, not numbers, or a record whose shape differs from line 1's.
+# not JSON, not numbers, a ragged record, or a record whose shape differs from line 1's.
 
 
 def jsonlines(body: bytes, size: int | None = None) -> np.ndarray:
     """One JSON record a line -> a float64 array, one record per line."""
     parts: list[np.ndarray] = []
     shape = None  # line 1's record shape
+    size = size or slices.TEXT_BYTES
     for piece, first in lines(body, size):
-        array = _numeric_lines(piece)
+        if len(piece) > size:  # one line, longer than a slice
+            array = _long_numeric_line(piece, size)
+            if array is not None and shape is not None and array.shape[1:] != shape:
+                raise BadRequest(f"JSON Lines line {first}: record shape differs from line 1's")
+        else:
+            array = _numeric_lines(piece)
         if array is None or (shape is not None and array.shape[1:] != shape):
             array = _parsed_lines(piece, first, shape)
         if shape is None:
@@ -198,21 +392,28 @@ def _numeric_lines(piece: bytes) -> np.ndarray | None:
     return array
 
 
+def _long_numeric_line(line: bytes, size: int) -> np.ndarray | None:
+    """A line longer than a slice that is one list of numbers and lists (bare, or the one
+    member of an object under one of RECORD_KEYS), read a slice at a time as a sliced
+    JSON document is (_numeric_records), as a batch of one record; None for any other
+    line, which is parsed in one call (the limit in this module's header)."""
+    found = _numeric_records(line, size)
+    return None if found is None else found[1][np.newaxis]
+
+
 def _parsed_lines(piece: bytes, first: int, shape: tuple | None) -> np.ndarray:
     """The slice's records, a line at a time; raises the error of its first bad line."""
     records = []
     for number, line in enumerate(piece.split(b"\n"), start=first):
         where = f"JSON Lines line {number}"
         try:
-            if not line.strip(_BLANK.encode()):
-                raise BadRequest(f"line {number} is empty: each line must be one record")
-            record = parse(line, where)
+            record = _parse_line(line, number)
             if isinstance(record, dict):
                 key = next((k for k in RECORD_KEYS if k in record), None)
                 if key is None:
                     raise BadRequest(
-                        f"{where}: an object record must hold its values under "
-                        + " or ".join(f"'{k}'" for k in RECORD_KEYS)
+                        f"{where}: an object record must hold the record (an array or a number) under "
+                        + ", ".join(f"'{k}'" for k in RECORD_KEYS[:-1]) + f" or '{RECORD_KEYS[-1]}'"
                     )
                 record = record[key]
             check_numbers(record, where)
@@ -224,14 +425,18 @@ def _parsed_lines(piece: bytes, first: int, shape: tuple | None) -> np.ndarray:
         array = np.array(records, dtype=np.float64)
     except ValueError as e:
         if too_deep(e):
-            raise BadRequest(f"JSON Lines lines {first}-{first + len(records) - 1}: a record nests deeper than "
-                             f"{MAX_DIMS - 1} levels (arrays have at most {MAX_DIMS} dimensions, one of them the "
-                             "batch)") from None
+            raise BadRequest(f"JSON Lines lines {first}-{first + len(records) - 1}: a record {_TOO_DEEP}") from None
         array = None
     if array is None or (shape is not None and array.shape[1:] != shape):
         _shape_culprit(records, first, shape)
         raise BadRequest(f"JSON Lines lines {first}-{first + len(records) - 1} are not numeric records")
     return array
+
+
+def _parse_line(line: bytes, number: int):
+    if not line.strip(_BLANK_BYTES):
+        raise BadRequest(f"line {number} is empty: each line must be one record")
+    return parse(line, f"JSON Lines line {number}")
 
 
 # numpy's limit on an array's dimensions (NPY_MAXDIMS).
@@ -245,23 +450,123 @@ def too_deep(error: ValueError) -> bool:
 
 
 def _shape_culprit(records: list, first: int, shape: tuple | None) -> None:
-    """Raise for the first record whose shape differs from line 1's (`shape`, or the
-    first record's when these are the body's first lines); None if none does."""
-    if not records:
-        return
-    if shape is None:
-        shape = np.shape(records[0]) if _rectangular(records[0]) else None
+    """Raise for the first record that is ragged, or of another shape than line 1's
+    (`shape`, or the first record's when these are the body's first lines); None if
+    none is."""
     for number, record in enumerate(records, start=first):
-        if not _rectangular(record) or np.shape(record) != shape:
-            raise BadRequest(f"JSON Lines line {number}: record shape differs from line 1's")
+        where = f"JSON Lines line {number}"
+        found = _record_shape(record, where)
+        if shape is None:
+            if found is None:
+                raise BadRequest(f"{where}: the record {_TOO_DEEP}")
+            shape = found
+        elif found != shape:
+            raise BadRequest(f"{where}: record shape differs from line 1's")
 
 
-def _rectangular(value) -> bool:
+_TOO_DEEP = (f"nests deeper than {MAX_DIMS - 1} levels (arrays have at most {MAX_DIMS} dimensions, one of them "
+             "the batch)")
+
+
+def _record_shape(record, where: str, what: str = "the record") -> tuple | None:
+    """The shape of one record of numbers, None when it nests deeper than a batch of
+    such records can (MAX_DIMS, one of them the batch); raises, naming `where`, when it
+    is ragged."""
     try:
-        np.array(value, dtype=np.float64)
-        return True
-    except ValueError:
-        return False
+        shape = np.shape(np.array(record, dtype=np.float64))
+    except ValueError as e:
+        if too_deep(e):
+            return None
+        raise BadRequest(f"{where}: {what} is ragged: its items differ in shape (it must be a number or an "
+                         "array whose rows all have one length)") from None
+    return shape if len(shape) < MAX_DIMS else None
+
+
+# JSON Lines for a model of several inputs: a line is one object keyed by the input
+# names, the record form simple JSON's instances take ({"age": [..], "income": [..]}),
+# or that object under one of RECORD_KEYS ({"inputs": {"age": ..}}); other keys are
+# ignored, as in simple JSON. A slice's lines are parsed in one call and each input's
+# values converted at once; a slice that fails is walked line by line for its error.
+
+
+def jsonlines_named(body: bytes, names: tuple[str, ...], size: int | None = None) -> dict[str, np.ndarray]:
+    """One named record a line -> each input's float64 array, one row per line."""
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    shapes = None  # line 1's shape of each input
+    for piece, first in lines(body, size):
+        arrays = _named_piece(piece, names)
+        if arrays is None or (shapes is not None and any(arrays[n].shape[1:] != shapes[n] for n in names)):
+            arrays = _named_lines(piece, first, names, shapes)
+        if shapes is None:
+            shapes = {name: array.shape[1:] for name, array in arrays.items()}
+        for name in names:
+            parts[name].append(arrays[name])
+    return {name: slices.stack(parts[name]) for name in names}
+
+
+def _named_piece(piece: bytes, names: tuple[str, ...]) -> dict[str, np.ndarray] | None:
+    """A slice of named records in one parse; None when any line is not one (a blank
+    line, a line of two values, a missing input, a value that is not numbers) or
+    their values are ragged: the line-by-line walk names it."""
+    try:
+        values = orjson.loads(b"[" + piece.replace(b"\n", b",") + b"]")
+    except orjson.JSONDecodeError:
+        return None
+    if len(values) != piece.count(b"\n") + 1 or set(map(type, values)) != {dict}:
+        return None
+    try:
+        columns = [[record[name] for record in values] for name in names]
+    except KeyError:  # records under a key, or an input missing
+        values = [_named_record(record, names) for record in values]
+        try:
+            columns = [[record[name] for record in values] for name in names]
+        except (KeyError, TypeError):
+            return None
+    arrays = {}
+    for name, column in zip(names, columns):
+        try:
+            if not set(map(type, column)) <= {int, float}:
+                for value in column:
+                    check_numbers(value, "")
+            arrays[name] = _float64(column)
+        except (BadRequest, ValueError, TypeError, OverflowError):
+            return None
+    return arrays
+
+
+def _named_record(record, names: tuple[str, ...]):
+    """The named record a line holds: itself, or the one object it holds under one of
+    RECORD_KEYS (that is not an input's name)."""
+    if type(record) is dict and len(record) == 1:
+        ((key, inner),) = record.items()
+        if key in RECORD_KEYS and key not in names and type(inner) is dict:
+            return inner
+    return record
+
+
+def _named_lines(piece: bytes, first: int, names: tuple[str, ...], shapes: dict | None) -> dict[str, np.ndarray]:
+    """The slice's named records, a line at a time; raises the error of its first bad line."""
+    shapes = dict(shapes or {})
+    rows: dict[str, list] = {name: [] for name in names}
+    for number, line in enumerate(piece.split(b"\n"), start=first):
+        where = f"JSON Lines line {number}"
+        record = _named_record(_parse_line(line, number), names)
+        if type(record) is not dict:
+            example = "{" + ", ".join(f'"{name}": ...' for name in names) + "}"
+            raise BadRequest(f"{where}: this model has several inputs ({', '.join(names)}): a record is one object "
+                             f"holding each of them by name, {example}")
+        for name in names:
+            if name not in record:
+                raise BadRequest(f"{where}: missing input '{name}'")
+            check_numbers(record[name], f"{where}, input '{name}'")
+            shape = _record_shape(record[name], f"{where}, input '{name}'", "the value")
+            if shape is None:
+                raise BadRequest(f"{where}, input '{name}': the value {_TOO_DEEP}")
+            if shapes.setdefault(name, shape) != shape:
+                raise BadRequest(f"{where}, input '{name}': shape {list(shape)} differs from line 1's "
+                                 f"{list(shapes[name])}")
+            rows[name].append(record[name])
+    return {name: np.array(rows[name], dtype=np.float64) for name in names}
 
 
 # ---------------------------------------------------------------- JSON

@@ -15,6 +15,9 @@ Numbers, as decided (one rule for JSON, JSON Lines and CSV):
   the record or line and the position in it; they are never read as numbers.
 - A finite value too big for the input's float type (1e39 for an FP32 input) is a 400,
   not a silent infinity. NaN and infinities travel only in .npy or v2 binary, as-is.
+  So is a value an integer or BOOL input cannot hold (2.5, 300 for UINT8, 2 for BOOL).
+  Either names the first record that holds one (1-based along dimension 0: a CSV or
+  JSON Lines body's line number) and the value.
 - Responses: JSON and JSON Lines write NaN and ±Infinity as `null` (strict parsers
   reject anything else); CSV writes `nan`, `inf`, `-inf`; .npy (and v2 binary) carry
   them as they are. Floats are written with their shortest round-trip digits for
@@ -71,8 +74,12 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata) -> dict[str,
     if kind == JSON:
         return decode_json(parse_json(body), metadata)
     if kind == CSV:
-        return shape_inputs(records.csv(body), metadata)
+        width = _csv_columns(metadata)
+        name = metadata.inputs[0].name if metadata.inputs else ""
+        return shape_inputs(records.csv(body, max_columns=width, input_name=name), metadata)
     if kind == JSONLINES:
+        if len(metadata.inputs) > 1:
+            return shape_inputs(records.jsonlines_named(body, tuple(spec.name for spec in metadata.inputs)), metadata)
         return shape_inputs(records.jsonlines(body), metadata)
     if kind == NPY:
         return shape_inputs(npy.read(body), metadata)
@@ -142,7 +149,7 @@ def shape_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
     inputs = metadata.inputs
     if len(inputs) > 1:
         return _named_inputs(records, metadata)
-    spec = inputs[0] if inputs else TensorSpec("input__0", "FP32", (-1,))
+    spec = inputs[0] if inputs else TensorSpec("input__0", "FP32", None)
     array = records if isinstance(records, np.ndarray) else _as_array(records, "records")
     return {spec.name: _fit(array, spec, metadata)}
 
@@ -152,7 +159,7 @@ def _named_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
     if isinstance(records, dict):
         columns = records
     elif isinstance(records, list) and records and all(isinstance(r, dict) for r in records):
-        columns = {spec.name: [r.get(spec.name) for r in records] for spec in metadata.inputs}
+        columns = {spec.name: _column(records, spec.name) for spec in metadata.inputs}
     else:
         names = ", ".join(spec.name for spec in metadata.inputs)
         raise BadRequest(f"this model has several inputs ({names}): send an object of named arrays")
@@ -167,39 +174,102 @@ def _named_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
     return out
 
 
+def _csv_columns(metadata: ModelMetadata) -> int | None:
+    """The most columns a CSV line can have for the model's one input, where its
+    metadata says (the widths _fit takes: a flat record, or a row of a 2-D sample);
+    None when any width may do, or the model has several inputs."""
+    if len(metadata.inputs) != 1 or metadata.inputs[0].shape is None:
+        return None
+    sample = list(metadata.inputs[0].shape)
+    if metadata.max_batch_size <= 0:
+        return sample[1] if len(sample) == 2 and sample[1] >= 0 else None
+    if not sample or any(d < 0 for d in sample):
+        return None
+    return max(math.prod(sample), sample[1] if len(sample) == 2 else 0)
+
+
+def _column(records: list[dict], name: str) -> list:
+    """Input `name`'s value in each of these records."""
+    try:
+        return [r[name] for r in records]
+    except KeyError:
+        index = next(i for i, r in enumerate(records, start=1) if name not in r)
+        raise BadRequest(f"record {index}: missing input '{name}'") from None
+
+
 def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.ndarray:
     """Check the shape against the model's, add a missing batch dimension, cast."""
-    sample = list(spec.shape)
     batched = metadata.max_batch_size > 0
-    known = sample and all(d >= 0 for d in sample)
-    if batched and known:
-        size = int(np.prod(sample))
-        if list(array.shape) == sample:
-            array = array.reshape([1] + sample)  # one record sent without its batch dimension
-        elif array.ndim == 2 and array.shape[1] == size and len(sample) > 1:
-            array = array.reshape([array.shape[0]] + sample)  # flat CSV rows of a shaped input
-    expected = ([-1] if batched else []) + sample
-    if expected and not _matches(array.shape, expected):
-        raise BadRequest(
-            f"input '{spec.name}': expected shape {expected}, got {list(array.shape)}"
-        )
+    if spec.shape is None and batched and array.ndim == 0:  # the batcher splits along dimension 0
+        raise BadRequest(f"input '{spec.name}': expected a batch dimension, got a single number")
+    if spec.shape is not None:  # (None: not known; the model judges the shape)
+        sample = list(spec.shape)
+        known = sample and all(d >= 0 for d in sample)
+        if batched and known:
+            size = int(np.prod(sample))
+            if list(array.shape) == sample:
+                array = array.reshape([1] + sample)  # one record sent without its batch dimension
+            elif array.ndim == 2 and array.shape[1] == size and len(sample) > 1:
+                array = array.reshape([array.shape[0]] + sample)  # flat CSV rows of a shaped input
+        expected = ([-1] if batched else []) + sample
+        if expected and not _matches(array.shape, expected):
+            raise BadRequest(
+                f"input '{spec.name}': expected shape {expected}, got {list(array.shape)}"
+            )
     dtype = spec.dtype.dtype if spec.datatype not in ("BYTES",) else np.float32
     dtype = np.dtype(dtype)
-    # Checked a bounded slice at a time, like the cast itself.
-    for s in slices.row_slices(array) if array.ndim else [()]:
-        part = array[s]
-        if dtype.kind in "iub" and part.dtype.kind == "f" and not np.all(np.isfinite(part) & (part == np.round(part))):
-            raise BadRequest(f"input '{spec.name}' takes {spec.datatype} values; got fractional numbers")
-        if dtype.kind in "iub" and part.size and not _fits(part, dtype):
-            raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
-                             + (" (0 or 1)" if dtype.kind == "b" else ""))
+    # Checked a bounded piece at a time, like the cast itself; where one fails, the
+    # first bad value is found in that piece alone.
+    if dtype.kind in "iub":
+        for offset, part in slices.pieces(array):
+            whole = part.dtype.kind != "f" or bool(np.all(np.isfinite(part) & (part == np.round(part))))
+            if not whole or (part.size and not _fits(part, dtype)):
+                _refuse_value(array, offset, part, spec, dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # integers were range-checked above; floats below
         out = slices.cast(array, dtype)
     if dtype.kind == "f" and array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:
-        for s in slices.row_slices(out) if out.ndim else [()]:
-            if not np.isfinite(out[s]).all() and (np.isfinite(array[s]) & ~np.isfinite(out[s])).any():
-                raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}")
+        flat = out.reshape(-1)  # (a view: the cast's result is C-contiguous)
+        for offset, part in slices.pieces(array):
+            narrowed = flat[offset : offset + len(part)]
+            if not np.isfinite(narrowed).all():
+                lost = np.isfinite(part) & ~np.isfinite(narrowed)
+                if lost.any():
+                    at = int(np.argmax(lost))
+                    raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
+                                     + _at(array, offset + at, part[at]))
     return out
+
+
+def _refuse_value(array: np.ndarray, offset: int, part: np.ndarray, spec: TensorSpec, dtype: np.dtype):
+    """Raise for the first value of `part` (at flat `offset` in `array`) that the
+    integer or BOOL `dtype` cannot hold: fractional, not finite, or out of range."""
+    if part.dtype.kind == "f":
+        fractional = ~(np.isfinite(part) & (part == np.round(part)))
+        # Python compares exactly; float64 holds -2**k and 2**k exactly, not 2**63 - 1.
+        low, high = (0, 2) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max + 1)
+        outside = (part < float(low)) | (part >= float(high))
+    else:
+        fractional = np.zeros(part.shape, dtype=bool)
+        low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        outside = (part < low) | (part > high) if part.dtype.kind != "b" else np.zeros(part.shape, dtype=bool)
+    at = int(np.argmax(fractional | outside))
+    where = _at(array, offset + at, part[at])
+    if fractional[at]:
+        kind = "a fractional" if np.isfinite(part[at]) else "a non-finite"
+        raise BadRequest(f"input '{spec.name}' takes {spec.datatype} values; got {kind} number{where}")
+    raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
+                     + (" (0 or 1)" if dtype.kind == "b" else "") + where)
+
+
+def _at(array: np.ndarray, index: int, value) -> str:
+    """' in record N: V': which record (1-based, along dimension 0, so a CSV or JSON
+    Lines body's line number) holds the value at flat `index` of `array`, and what it is."""
+    shown = value.item()
+    if isinstance(shown, float) and shown.is_integer() and abs(shown) < 1e16:
+        shown = int(shown)
+    if array.ndim == 0:
+        return f": {shown!r}"
+    return f" in record {index // (array.size // len(array)) + 1}: {shown!r}"
 
 
 def _fits(part: np.ndarray, dtype: np.dtype) -> bool:

@@ -34,6 +34,24 @@ def row_slices(array: np.ndarray, values: int | None = None) -> Iterator[slice]:
         yield slice(start, min(start + step, rows))
 
 
+def pieces(array: np.ndarray, values: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """(flat offset of its first value, a 1-D piece): the array's values in row-major
+    order, about `values` at a time, so one wide record (a CSV line of a million
+    columns) is split as well as many narrow ones. Views of a C-contiguous array;
+    otherwise whole rows, copied flat."""
+    step = values or VALUES
+    if array.ndim == 0:
+        yield 0, array.reshape(1)
+    elif array.flags.c_contiguous:
+        flat = array.reshape(-1)
+        for start in range(0, flat.size, step):
+            yield start, flat[start : start + step]
+    else:
+        per_row = array.size // len(array) if len(array) else 0
+        for s in row_slices(array, step):
+            yield s.start * per_row, array[s].reshape(-1)
+
+
 def stack(parts: list[np.ndarray]) -> np.ndarray:
     """np.concatenate of same-shaped pieces, one bounded copy at a time."""
     if len(parts) == 1:
@@ -41,19 +59,30 @@ def stack(parts: list[np.ndarray]) -> np.ndarray:
     out = np.empty((sum(len(p) for p in parts),) + parts[0].shape[1:], dtype=parts[0].dtype)
     at = 0
     for part in parts:
-        out[at : at + len(part)] = part
+        _copy(out[at : at + len(part)], part)
         at += len(part)
     return out
 
 
 def cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """np.ascontiguousarray(array, dtype), converting a bounded slice per call."""
+    """np.ascontiguousarray(array, dtype), converting a bounded piece per call."""
     dtype = np.dtype(dtype)
     if array.dtype == dtype and array.flags.c_contiguous:
         return array
-    if array.ndim == 0 or array.size <= VALUES:
+    if array.ndim == 0:
+        return np.array(array, dtype=dtype)  # (np.ascontiguousarray would make it 1-D)
+    if array.size <= VALUES:
         return np.ascontiguousarray(array, dtype=dtype)
     out = np.empty(array.shape, dtype=dtype)
-    for s in row_slices(array):
-        out[s] = array[s]
+    _copy(out, array)
     return out
+
+
+def _copy(out: np.ndarray, array: np.ndarray) -> None:
+    """out[...] = array (out C-contiguous, of the same shape), a bounded piece per call."""
+    if array.size <= VALUES:
+        out[...] = array
+        return
+    flat = out.reshape(-1)  # a view: out is C-contiguous
+    for start, piece in pieces(array):
+        flat[start : start + len(piece)] = piece

@@ -217,6 +217,152 @@ def test_several_inputs_name_the_input_and_record():
         simple.decode(b'{"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5], "b": null}]}', "application/json", TWO)
 
 
+def test_a_record_without_one_of_several_inputs_is_named():
+    with pytest.raises(BadRequest) as info:
+        simple.decode(b'{"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5]}]}', "application/json", TWO)
+    assert info.value.message == "record 2: missing input 'b'"
+
+
+# --------------------------------------------------------------------------------------
+# JSON Lines for a model of several inputs: one object a line, keyed by the input
+# names (the record form simple JSON's instances take)
+
+PEOPLE = ModelMetadata(name="p", max_batch_size=8,
+                       inputs=(TensorSpec("age", "FP32", (1,)), TensorSpec("income", "INT64", (2,))))
+PEOPLE_RECORDS = [{"age": [31], "income": [1000, 2]}, {"age": [42.5], "income": [3, 4]},
+                  {"age": [0], "income": [-5, 6]}]
+
+
+def jsonl(*records) -> bytes:
+    return b"".join((r if isinstance(r, bytes) else orjson.dumps(r)) + b"\n" for r in records)
+
+
+def assert_same_inputs(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_json_lines_take_one_record_of_named_inputs_a_line():
+    out = simple.decode(jsonl(*PEOPLE_RECORDS), "application/jsonlines", PEOPLE)
+    assert_same_inputs(out, simple.decode(orjson.dumps({"instances": PEOPLE_RECORDS}), "application/json", PEOPLE))
+    assert out["age"].dtype == np.float32 and out["age"].tolist() == [[31], [42.5], [0]]
+    assert out["income"].dtype == np.int64 and out["income"].tolist() == [[1000, 2], [3, 4], [-5, 6]]
+
+
+def test_json_lines_named_records_may_sit_under_a_record_key_and_carry_other_keys():
+    body = jsonl({"inputs": PEOPLE_RECORDS[0]}, {**PEOPLE_RECORDS[1], "id": "b-17"}, {"instances": PEOPLE_RECORDS[2]})
+    assert_same_inputs(simple.decode(body, "application/jsonlines", PEOPLE),
+                       simple.decode(jsonl(*PEOPLE_RECORDS), "application/jsonlines", PEOPLE))
+
+
+def test_many_json_lines_of_named_inputs_equal_simple_json():
+    rng = np.random.default_rng(7)
+    rows = [{"age": [round(float(a), 3)], "income": [int(i), int(j)]}
+            for a, i, j in zip(rng.random(20_000) * 90, rng.integers(0, 10**6, 20_000), rng.integers(-9, 9, 20_000))]
+    assert_same_inputs(simple.decode(jsonl(*rows), "application/jsonlines", PEOPLE),
+                       simple.decode(orjson.dumps({"instances": rows}), "application/json", PEOPLE))
+
+
+@pytest.mark.parametrize("body, message", [
+    (jsonl(PEOPLE_RECORDS[0], {"age": [4]}), "JSON Lines line 2: missing input 'income'"),
+    (jsonl(PEOPLE_RECORDS[0], {"age": [4], "income": [5, None]}),
+     "JSON Lines line 2, input 'income', position [1]: null is not a number (inputs must be JSON numbers)"),
+    (jsonl(PEOPLE_RECORDS[0], {"age": [4], "income": "5,6"}),
+     'JSON Lines line 2, input \'income\': the string "5,6" is not a number (inputs must be JSON numbers)'),
+    (jsonl(PEOPLE_RECORDS[0], {"age": [4, 5], "income": [5, 6]}),
+     "JSON Lines line 2, input 'age': shape [2] differs from line 1's [1]"),
+    (jsonl({"age": [1], "income": [[2], 3]}),
+     "JSON Lines line 1, input 'income': the value is ragged: its items differ in shape (it must be a number or "
+     "an array whose rows all have one length)"),
+    (jsonl([31, 1000, 2]), 'JSON Lines line 1: this model has several inputs (age, income): a record is one object '
+                           'holding each of them by name, {"age": ..., "income": ...}'),
+    (jsonl(PEOPLE_RECORDS[0], b"", PEOPLE_RECORDS[1]), "line 2 is empty: each line must be one record"),
+    (jsonl(PEOPLE_RECORDS[0], orjson.dumps(PEOPLE_RECORDS[1]) + b" " + orjson.dumps(PEOPLE_RECORDS[2])),
+     "JSON Lines line 2 is not valid JSON"),
+    (jsonl(*PEOPLE_RECORDS, {"age": [1], "income": [2, 3.5]}),
+     "input 'income' takes INT64 values; got a fractional number in record 4: 3.5"),
+])
+def test_json_lines_of_named_inputs_name_the_line_at_fault(body, message):
+    with pytest.raises(BadRequest) as info:
+        simple.decode(body, "application/jsonlines", PEOPLE)
+    assert info.value.status == 400 and info.value.message.startswith(message), info.value.message
+
+
+def test_a_json_line_holding_objects_for_a_model_of_one_input_says_where_its_record_goes():
+    with pytest.raises(BadRequest) as info:
+        decode(b'{"pixels": [1, 2, 3, 4]}\n', "application/jsonlines")
+    assert info.value.message == ("JSON Lines line 1: an object record must hold the record (an array or a number) "
+                                  "under 'instances', 'inputs', 'features' or 'data'")
+
+
+# --------------------------------------------------------------------------------------
+# A ragged JSON Lines record is called ragged, wherever it is
+
+
+@pytest.mark.parametrize("body, line", [
+    (b"[[1,2],[3]]\n[1]\n", 1),
+    (b"[1,[2]]\n", 1),
+    (b"[[1, 2], [3, 4]]\n[[1], [2, 3]]\n", 2),
+])
+def test_a_ragged_json_lines_record_is_named_ragged(body, line):
+    with pytest.raises(BadRequest) as info:
+        decode(body, "application/jsonlines")
+    assert info.value.message == (f"JSON Lines line {line}: the record is ragged: its items differ in shape (it must "
+                                  "be a number or an array whose rows all have one length)")
+
+
+# --------------------------------------------------------------------------------------
+# A value an input's datatype cannot hold names the first record that holds it
+
+IDS = ModelMetadata(name="ids", max_batch_size=8, inputs=(TensorSpec("ids", "INT64", (4,)),))
+
+
+def _rows_with(record: int, bad: bytes, rows: int = 50_000, csv: bool = True) -> bytes:
+    good = b"1,2,3,4" if csv else b"[1,2,3,4]"
+    lines = [good] * rows
+    lines[record - 1] = bad
+    return b"\n".join(lines) + b"\n"
+
+
+@pytest.mark.parametrize("body, content_type, metadata, message", [
+    (_rows_with(41_235, b"1,2,3.5,4"), "text/csv", IDS,
+     "input 'ids' takes INT64 values; got a fractional number in record 41235: 3.5"),
+    (_rows_with(41_235, b"[1,2,3,300]", csv=False), "application/jsonlines", IMAGES,
+     "input 'image': a value is out of range for UINT8 in record 41235: 300"),
+    (_rows_with(3, b"1,2,3,1e39", rows=5), "text/csv", DIGITS,
+     "input 'pixels': a value is out of range for FP32 in record 3: 1e+39"),
+    (b"[[0, 1], [1, 2]]", "application/json", FLAGS, "input 'on': a value is out of range for BOOL (0 or 1) in record 2: 2"),
+    (b"[[1], [2], [9.3e18]]", "application/json", WIDE, "input 'id': a value is out of range for INT64 in record 3: 9.3e+18"),
+    (_npy(np.array([[3], [-1]], dtype=np.int64)), "application/x-npy", UNSIGNED,
+     "input 'id': a value is out of range for UINT64 in record 2: -1"),
+    (_npy(np.array([[1, 2, 3, 4], [1, 2, 3, np.nan]])), "application/x-npy", IDS,
+     "input 'ids' takes INT64 values; got a non-finite number in record 2: nan"),
+    # The first record at fault, whichever its fault: record 2's 300 before record 3's 2.5.
+    (b"[1,2,3,4]\n[1,2,3,300]\n[1,2,2.5,4]\n", "application/jsonlines", IMAGES,
+     "input 'image': a value is out of range for UINT8 in record 2: 300"),
+    (b"[1,2,3,4]\n[1,2,2.5,4]\n[1,2,3,300]\n", "application/jsonlines", IMAGES,
+     "input 'image' takes UINT8 values; got a fractional number in record 2: 2.5"),
+])
+def test_a_value_an_input_cannot_hold_names_its_record(body, content_type, metadata, message):
+    with pytest.raises(BadRequest) as info:
+        simple.decode(body, content_type, metadata)
+    assert info.value.status == 400 and info.value.message == message
+
+
+def test_the_record_named_is_counted_along_dimension_0():
+    one = np.ones((1, 3_000_000))
+    one[0, 2_999_999] = 0.5
+    many = np.ones((3_000_000, 1))
+    many[2_999_999, 0] = 0.5
+    spec = ModelMetadata(name="any", max_batch_size=8, inputs=(TensorSpec("x", "INT64", (-1,)),))
+    for array, record in ((one, 1), (many, 3_000_000)):
+        with pytest.raises(BadRequest) as info:
+            simple.shape_inputs(array, spec)
+        assert info.value.message == f"input 'x' takes INT64 values; got a fractional number in record {record}: 0.5"
+
+
 NON_FINITE = {"p": np.array([[np.nan, np.inf], [-np.inf, 0.1]], dtype=np.float32)}
 
 
@@ -460,7 +606,7 @@ def test_an_empty_inputs_list_is_still_a_v2_request():
 
 
 def test_fp32_overflow_in_the_fast_path_is_the_usual_400():
-    with pytest.raises(BadRequest, match=r"^input 'pixels': a value is out of range for FP32$"):
+    with pytest.raises(BadRequest, match=r"^input 'pixels': a value is out of range for FP32 in record 2: 1e\+39$"):
         decode(b'{"instances": [[1, 2, 3, 4], [5, 6, 7, 1e39]]}', "application/json")
 
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from smserve import records, textout
+from smserve import records, slices, textout
 from smserve.errors import BadRequest
 
 WHOLE = 1 << 40  # a slice size no test body reaches: one call
@@ -87,6 +87,39 @@ def test_jsonlines_sliced_equals_whole(arrays, size, data):
     same(outcome(records.jsonlines, body, size), outcome(records.jsonlines, body, WHOLE))
 
 
+NAMES = ("a", "b")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(records_nd, records_nd), min_size=1, max_size=6), sizes, st.data())
+def test_named_jsonlines_sliced_equals_whole(pairs, size, data):
+    """JSON Lines of several named inputs: the same arrays, or the same first bad line's
+    error, however the body is sliced."""
+    lines = [orjson.dumps({"a": a.tolist(), "b": b.tolist()}) for a, b in pairs]
+    for _ in range(data.draw(st.integers(0, 2))):
+        at = data.draw(st.integers(0, len(lines) - 1))
+        lines[at] = data.draw(st.sampled_from([
+            b'{"inputs": ' + lines[at] + b"}", b'{"a": [1], "b": null}', b'{"a": [1]}', b"[1, 2]", b"", b"  ",
+            b'{"a": [1], "b": [2]} {"a": [1], "b": [2]}', b'{"a": [1], "b": [2]},{"a": [1], "b": [2]}',
+            b'{"a": [[1], [2, 3]], "b": 1}', b'{"a": "1", "b": 1}', b'{"a": [NaN], "b": 1}', b"\xff",
+            b'{"a": 1, "b": 2, "c": "other keys are ignored"}', b'{"a": [true], "b": 1}',
+        ]))
+    body = b"\n".join(lines) + b"\n"
+    sliced = outcome(records.jsonlines_named, body, NAMES, size)
+    whole = outcome(records.jsonlines_named, body, NAMES, WHOLE)
+    assert sliced[0] == whole[0], (sliced, whole)
+    if whole[0] == "error":
+        assert sliced[1] == whole[1]
+        return
+    for name in NAMES:
+        same(("ok", sliced[1][name]), ("ok", whole[1][name]))
+        # Each input's array is what numpy makes of that input's values, line by line.
+        values = [orjson.loads(line) for line in body.rstrip(b" \t\r\n\f\v").split(b"\n")]  # (trailing blanks: none)
+        values = [v.get("inputs", v) for v in values]
+        expected = np.array([v[name] for v in values], dtype=np.float64)
+        same(("ok", whole[1][name]), ("ok", expected))
+
+
 @pytest.mark.parametrize("blank", [b"", b" ", b"\t", b"\r", b" \r", b"\f", b"\v", b" \t\f\v\r"])
 @pytest.mark.parametrize("at", [0, 1, 2])
 def test_a_blank_json_line_is_named_whatever_it_holds(blank, at):
@@ -137,6 +170,38 @@ def test_json_documents_the_sliced_path_leaves_to_one_parse(body):
         records.SLICED_JSON_MIN_BYTES = original
     whole = outcome(records.parse, body)
     assert sliced[0] == whole[0] and (sliced[1] == whole[1])
+
+
+any_arrays = hnp.arrays(st.sampled_from([np.float64, np.float32, np.int64, np.uint8, np.bool_]),
+                        hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(any_arrays, st.sampled_from([np.float32, np.float64, np.int32]), st.integers(1, 20), st.booleans())
+def test_bounded_copies_equal_numpys_own(array, dtype, values, transposed):
+    """slices.cast and slices.stack copy a bounded piece per call, also within one wide
+    record, and give what np.ascontiguousarray and np.concatenate give."""
+    if transposed:
+        array = array.T  # not C-contiguous: copied by rows
+    original = slices.VALUES
+    slices.VALUES = values
+    try:
+        with np.errstate(all="ignore"):
+            cast = slices.cast(array, dtype)
+            expected = np.ascontiguousarray(array, dtype=dtype) if array.ndim else np.array(array, dtype=dtype)
+        pieces = list(slices.pieces(array, values))
+        if array.ndim:
+            stacked = slices.stack([array, array[:1], array])
+    finally:
+        slices.VALUES = original
+    assert cast.dtype == expected.dtype and cast.shape == expected.shape and cast.flags.c_contiguous
+    np.testing.assert_array_equal(cast, expected)
+    assert all(len(piece) <= max(values, array.size // max(1, len(array)) if array.ndim else 1) for _, piece in pieces)
+    flat = np.concatenate([piece for _, piece in pieces]) if pieces else np.empty(0, array.dtype)
+    np.testing.assert_array_equal(flat, array.reshape(-1))
+    assert [offset for offset, _ in pieces] == [sum(len(p) for _, p in pieces[:i]) for i in range(len(pieces))]
+    if array.ndim:
+        np.testing.assert_array_equal(stacked, np.concatenate([array, array[:1], array]))
 
 
 output_arrays = st.one_of(
