@@ -79,7 +79,7 @@ def derive(model_dir: Path) -> tuple[ModelMetadata, str]:
 def metadata_document(metadata: ModelMetadata, artifact: str, name: str) -> dict:
     """metadata.json's content. JSON has no comments: keys starting with '_' carry them,
     and the server ignores every key it does not know."""
-    unknown_shape = any(-1 in spec.shape for spec in (*metadata.inputs, *metadata.outputs))
+    unknown_shape = any(spec.shape is None or -1 in spec.shape for spec in (*metadata.inputs, *metadata.outputs))
     batch_note = (
         f"derived: {metadata.max_batch_size}, because dimension 0 of every input is dynamic in {artifact}, so it "
         "is taken as the batch; raise it to what fits your device"
@@ -88,7 +88,7 @@ def metadata_document(metadata: ModelMetadata, artifact: str, name: str) -> dict
         "dimension 0 is the batch, so requests are batched together"
     )
     def tensor(spec, role):
-        entry = {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+        entry = {"name": spec.name, "datatype": spec.datatype, "shape": None if spec.shape is None else list(spec.shape)}
         if role == "output":
             entry["labels"] = None
         return entry
@@ -105,8 +105,9 @@ def metadata_document(metadata: ModelMetadata, artifact: str, name: str) -> dict
             "outputs: named output__0, output__1, ... in the order the model returns them; rename them freely.",
             "datatype: a KServe v2 name: BOOL, UINT8..UINT64, INT8..INT64, FP16, BF16, FP32, FP64, BYTES.",
             "shape: -1 marks a variable dimension; a raw binary request's shape is deduced from its size, "
-            "so give at most one -1 per input." + (
-                " Some shapes are unknown (-1) here: write the real ones." if unknown_shape else ""),
+            "so give at most one -1 per input. null: not known, any shape is taken (a wrong one fails in "
+            "the model, a 500, not a 400) and the model is not warmed up." + (
+                " Some shapes are unknown (null or -1) here: write the real ones." if unknown_shape else ""),
             "labels: null, or one class name per entry of the output's last dimension (the classification "
             "extension answers with them).",
         ],

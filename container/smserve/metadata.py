@@ -24,8 +24,10 @@ class TensorSpec:
     name: str
     datatype: str
     # Shape of one sample when the model batches (max_batch_size > 0), else the whole
-    # tensor's shape. -1 marks a variable dimension.
-    shape: tuple[int, ...]
+    # tensor's shape. -1 marks a variable dimension. None: not known (a TorchScript
+    # model without metadata.json, or a metadata.json that gives none): any rank and
+    # size is taken, and the model's own error answers a wrong one.
+    shape: tuple[int, ...] | None
     labels: tuple[str, ...] | None = None
 
     @property
@@ -42,8 +44,11 @@ class ModelMetadata:
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
 
-    def full_shape(self, spec: TensorSpec) -> list[int]:
-        """The shape as clients see it: batching models get a leading -1."""
+    def full_shape(self, spec: TensorSpec) -> list[int] | None:
+        """The shape as clients see it: batching models get a leading -1. None when
+        the shape is not known."""
+        if spec.shape is None:
+            return None
         return ([-1] if self.max_batch_size > 0 else []) + list(spec.shape)
 
     def input(self, name: str) -> TensorSpec | None:
@@ -63,7 +68,18 @@ class ModelMetadata:
         }
 
     def _tensor_v2(self, spec: TensorSpec) -> dict:
-        return {"name": spec.name, "datatype": spec.datatype, "shape": self.full_shape(spec)}
+        # KServe v2 metadata has no way to say "any rank": an unknown shape reads [-1].
+        shape = self.full_shape(spec)
+        return {"name": spec.name, "datatype": spec.datatype, "shape": [-1] if shape is None else shape}
+
+    def describe(self) -> str:
+        """One line on the inputs, outputs and batching, for the log."""
+        def tensors(specs):
+            return ", ".join(f"{t.name} ({t.datatype}, {_shape_text(self.full_shape(t))})" for t in specs) or "none"
+
+        batching = (f"max_batch_size {self.max_batch_size} (dimension 0 is the batch)" if self.max_batch_size > 0
+                    else "max_batch_size 0 (each request is one forward pass, as sent)")
+        return f"inputs {tensors(self.inputs)}; outputs {tensors(self.outputs)}; {batching}"
 
     @classmethod
     def from_dict(cls, data: dict, **defaults) -> "ModelMetadata":
@@ -114,13 +130,19 @@ def _tensor(t: object, where: str) -> TensorSpec:
     datatype = t.get("datatype", "FP32")
     if datatype not in datatypes.BY_NAME:
         raise MetadataError(f"{where} '{name}': unknown datatype {datatype!r}; one of {', '.join(datatypes.BY_NAME)}")
-    shape = t.get("shape", [-1])
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
-        raise MetadataError(f"{where} '{name}': shape must be a list of integers >= -1")
+    # No shape (or null) is an unknown one: nothing to check requests against.
+    shape = t.get("shape")
+    if shape is not None and (not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape)):
+        raise MetadataError(f"{where} '{name}': shape must be a list of integers >= -1, or null (not known)")
     labels = t.get("labels")
     if labels is not None:
         if not isinstance(labels, list):
             raise MetadataError(f"{where} '{name}': labels must be a list of strings")
         labels = tuple(str(x) for x in labels)
-    return TensorSpec(name=name, datatype=datatype, shape=tuple(shape), labels=labels)
+    return TensorSpec(name=name, datatype=datatype, shape=None if shape is None else tuple(shape), labels=labels)
+
+
+def _shape_text(shape: list[int] | None) -> str:
+    return "any shape" if shape is None else str(shape)
 

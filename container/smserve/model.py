@@ -31,7 +31,7 @@ import torch
 from . import datatypes
 from .errors import BadRequest
 from .hooks import Hooks, load_hooks
-from .metadata import ModelMetadata, TensorSpec
+from .metadata import METADATA_FILE, ModelMetadata, TensorSpec
 from .staging import HostStaging
 
 log = logging.getLogger(__name__)
@@ -205,6 +205,8 @@ class LoadedModel:
             inputs = {}
             for spec in self.metadata.inputs:
                 shape = self.metadata.full_shape(spec)
+                if shape is None:
+                    return None
                 if batched:
                     shape[0] = size
                 if any(d < 0 for d in shape) or spec.datatype == "BYTES":
@@ -318,11 +320,13 @@ def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mo
         platform = "pytorch_torchexport"
         if metadata is None:
             metadata = _metadata_from_export(program)
+            _log_derived(model_dir, EXPORTED, metadata)
     elif os.path.exists(os.path.join(model_dir, TORCHSCRIPT)):
         model = torch.jit.load(os.path.join(model_dir, TORCHSCRIPT), map_location=device).eval()
         platform = "pytorch_torchscript"
         if metadata is None:
             metadata = _metadata_from_torchscript(model)
+            _log_derived(model_dir, TORCHSCRIPT, metadata)
     else:
         raise ModelLoadError(
             f"{model_dir} holds neither {EXPORTED} (torch.export) nor {TORCHSCRIPT} (TorchScript), "
@@ -378,7 +382,13 @@ def _spec_from_fake(name: str, value) -> TensorSpec:
 
 
 def _metadata_from_torchscript(model) -> ModelMetadata:
-    """TorchScript keeps argument names, not shapes: inputs are named, shapes unknown."""
+    """TorchScript keeps argument names, not shapes (a traced module forgets its
+    example's once saved): inputs are named, their shapes unknown (None), so requests
+    of any rank reach the model as sent.
+
+    No dynamic batching (max_batch_size 0): nothing in the file says dimension 0 is a
+    batch, and concatenating requests (or splitting a big one) along a dimension that
+    is not would mix samples without an error. metadata.json turns it on."""
     try:
         arguments = model.forward.schema.arguments[1:]  # skip self
         names = [a.name for a in arguments]
@@ -386,8 +396,24 @@ def _metadata_from_torchscript(model) -> ModelMetadata:
         names = ["input__0"]
     return ModelMetadata(
         platform="pytorch_torchscript",
-        inputs=tuple(TensorSpec(n, "FP32", (-1,)) for n in names),
-        outputs=(TensorSpec("output__0", "FP32", (-1,)),),
+        inputs=tuple(TensorSpec(n, "FP32", None) for n in names),
+        outputs=(TensorSpec("output__0", "FP32", None),),
+    )
+
+
+def _log_derived(model_dir: str, artifact: str, metadata: ModelMetadata) -> None:
+    """Say what was derived without metadata.json, and how to change it."""
+    unknown = any(spec.shape is None for spec in metadata.inputs)
+    log.info(
+        "no %s in %s: derived from %s: %s.%s To change it, write %s "
+        "(`make new-model DIR=%s` writes what was derived here, each field explained): "
+        "input shapes%s, max_batch_size > 0 to batch requests together along dimension 0, "
+        "output names, class labels",
+        METADATA_FILE, model_dir, artifact, metadata.describe(),
+        " TorchScript records no shapes: requests of any shape reach the model as sent (a wrong "
+        "one fails in the model, a 500), and nothing says dimension 0 is a batch, so requests "
+        "are not batched together." if unknown else "",
+        METADATA_FILE, model_dir, " (checked before the model runs, 400 otherwise)" if unknown else "",
     )
 
 

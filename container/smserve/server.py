@@ -19,14 +19,13 @@ from . import hardware, readiness, simple
 from .errors import BadRequest, HTTPError, ServerError, Unavailable
 from .metadata import ModelMetadata
 from .runner import Runner
-from .settings import MAX_TRANSFORM_BUDGET_MB, Settings
+from .settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
 
 log = logging.getLogger(__name__)
 
 LOADING, READY, FAILED = "loading", "ready", "failed"
 # Errors raised by a user's input_fn that mean "this body is bad", not "my code broke".
 CLIENT_DATA_ERRORS = (ValueError, TypeError, KeyError, UnicodeDecodeError)
-DEFAULT_PAYLOAD_MB = 6
 # Bodies (and outputs) from this size on are decoded (encoded) on a codec thread.
 OFFLOAD_BYTES = 256 * 1024
 
@@ -270,10 +269,16 @@ class ModelServer:
 
     def execution_parameters(self) -> dict:
         """What this container sustains: a couple of requests per worker in flight
-        (one computing, one arriving), within SageMaker's concurrency x payload <= 100 MB."""
-        payload = self.settings.max_payload_mb or DEFAULT_PAYLOAD_MB
+        (one computing, one arriving), within SageMaker's concurrency x payload <= 100 MB.
+        A job's MaxPayloadInMB=0 (no limit) is reported as it is: the budget then bounds
+        nothing, and the server takes bodies up to its own SMSERVE_MAX_REQUEST_MB."""
+        payload = self.settings.max_payload_mb
+        if payload is None:
+            payload = DEFAULT_PAYLOAD_MB
         concurrency = self.settings.max_concurrent_transforms or 2 * self.workers
-        concurrency = max(1, min(concurrency, MAX_TRANSFORM_BUDGET_MB // payload))
+        if payload:
+            concurrency = min(concurrency, MAX_TRANSFORM_BUDGET_MB // payload)
+        concurrency = max(1, concurrency)
         return {
             "MaxConcurrentTransforms": concurrency,
             "BatchStrategy": self.settings.batch_strategy,

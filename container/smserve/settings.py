@@ -19,8 +19,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 AUTOCAST_MODES = ("off", "fp16", "bf16")
 # torch.compile's own mode names, plus off.
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# SageMaker's own bound on MaxConcurrentTransforms x MaxPayloadInMB for a job.
+# SageMaker's own bound on MaxConcurrentTransforms x MaxPayloadInMB for a job, and
+# its MaxPayloadInMB when a job sets none.
 MAX_TRANSFORM_BUDGET_MB = 100
+DEFAULT_PAYLOAD_MB = 6
 MB = 1024 * 1024
 # A lone request never waits longer than this for others to batch with.
 MAX_BATCH_DELAY_MS = 1000
@@ -47,11 +49,15 @@ class Settings:
     model_dir: str = DEFAULT_MODEL_DIR
     batch: bool = False
     batch_strategy: str = "MULTI_RECORD"
-    # None: not set by the job; /execution-parameters derives a value.
+    # None: not set by the job; /execution-parameters derives a value. A payload of 0
+    # is the job's "no limit" (MaxPayloadInMB=0: bodies of any size, chunked): the
+    # server's own limit, max_request_mb, applies then. A concurrency of 0 is read as
+    # unset, as SageMaker reads MaxConcurrentTransforms=0.
     max_payload_mb: int | None = None
     max_concurrent_transforms: int | None = None
-    # Real-time request body limit (SageMaker's own real-time cap is lower, so the
-    # container is never the one to refuse a request SageMaker accepted).
+    # The server's own request body limit: real-time, and in a batch job whose
+    # MaxPayloadInMB is 0 (SageMaker's own real-time cap is lower, so the container is
+    # never the one to refuse a request SageMaker accepted).
     max_request_mb: int = 100
     # Dynamic batching: most samples in one forward pass (None: the model's
     # max_batch_size) and how long the first request of a batch may wait for company.
@@ -81,17 +87,26 @@ class Settings:
     log_format: str = "text"
 
     @property
+    def job_sets_no_payload_limit(self) -> bool:
+        """A batch job with MaxPayloadInMB=0."""
+        return self.batch and self.max_payload_mb == 0
+
+    @property
     def max_body_bytes(self) -> int:
-        """The largest request body accepted: the job's payload cap in batch mode."""
-        if self.batch:
-            return (self.max_payload_mb or 6) * MB
+        """The largest request body accepted: the job's payload cap in batch mode,
+        unless the job sets none (0); the server's own limit otherwise."""
+        if self.batch and not self.job_sets_no_payload_limit:
+            return (self.max_payload_mb or DEFAULT_PAYLOAD_MB) * MB
         return self.max_request_mb * MB
 
     @property
     def body_limit_setting(self) -> str:
         """Which variable sets max_body_bytes, for error messages."""
+        if self.job_sets_no_payload_limit:
+            return (f"{PREFIX}MAX_REQUEST_MB={self.max_request_mb}, the server's own limit: the job's "
+                    "SAGEMAKER_MAX_PAYLOAD_IN_MB=0 sets none; raise it in the model's or job's environment")
         if self.batch:
-            return f"SAGEMAKER_MAX_PAYLOAD_IN_MB={self.max_payload_mb or 6}"
+            return f"SAGEMAKER_MAX_PAYLOAD_IN_MB={self.max_payload_mb or DEFAULT_PAYLOAD_MB}"
         return f"{PREFIX}MAX_REQUEST_MB={self.max_request_mb}"
 
     @property
@@ -186,10 +201,27 @@ def _directory(raw: str) -> str:
 
 
 def _payload_mb(raw: str) -> int:
-    value = _positive_int(raw)
-    if value > MAX_TRANSFORM_BUDGET_MB:
-        raise ValueError(f"must be at most {MAX_TRANSFORM_BUDGET_MB} (SageMaker's limit)")
+    """MaxPayloadInMB as CreateTransformJob takes it: 0 (no limit) to 100."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"must be a whole number of MB from 0 (no limit) to {MAX_TRANSFORM_BUDGET_MB}") from None
+    if not 0 <= value <= MAX_TRANSFORM_BUDGET_MB:
+        raise ValueError(f"must be a whole number of MB from 0 (no limit) to {MAX_TRANSFORM_BUDGET_MB} "
+                         "(SageMaker's limit)")
     return value
+
+
+def _concurrent_transforms(raw: str) -> int | None:
+    """MaxConcurrentTransforms as CreateTransformJob takes it: 0 is unset (SageMaker
+    then asks /execution-parameters), so None."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("must be a whole number >= 0 (0: not set)") from None
+    if value < 0:
+        raise ValueError("must be a whole number >= 0 (0: not set)")
+    return value or None
 
 
 def _device(raw: str) -> str:
@@ -211,7 +243,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "batch": ("SAGEMAKER_BATCH", _bool),
     "batch_strategy": ("SAGEMAKER_BATCH_STRATEGY", _one_of(BATCH_STRATEGIES, upper=True)),
     "max_payload_mb": ("SAGEMAKER_MAX_PAYLOAD_IN_MB", _payload_mb),
-    "max_concurrent_transforms": ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", _positive_int),
+    "max_concurrent_transforms": ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", _concurrent_transforms),
     "graceful_timeout": (PREFIX + "GRACEFUL_TIMEOUT", _positive_int),
     "max_request_mb": (PREFIX + "MAX_REQUEST_MB", _positive_int),
     "max_batch_size": (PREFIX + "MAX_BATCH_SIZE", _positive_int),

@@ -296,6 +296,8 @@ class _Decoder:
 
     def _check_shape(self, shape: list[int], spec: TensorSpec, name: str) -> None:
         expected = self.metadata.full_shape(spec)
+        if expected is None:  # not known: any shape, with the batch dimension of a batching model
+            expected = [-1] if self.metadata.max_batch_size > 0 and not shape else shape
         if len(shape) != len(expected) or any(e >= 0 and e != s for e, s in zip(expected, shape)):
             raise BadRequest(
                 f"unexpected shape for input '{name}' for model '{self.model}'. "
@@ -609,6 +611,11 @@ def _decode_raw(view: memoryview, metadata: ModelMetadata) -> InferenceRequest:
         )
     spec = metadata.inputs[0]
     dt = spec.dtype
+    if spec.shape is None:
+        raise BadRequest(
+            f"The shape of the raw input '{spec.name}' can not be deduced because the model's shape is not known "
+            "(declare it in metadata.json, or send a KServe v2 header that gives it)"
+        )
     batch = [1] if metadata.max_batch_size > 0 else []
     if dt.is_bytes:
         # The body is one bare element; there is no length prefix to read.

@@ -67,9 +67,22 @@ def test_torchscript_model_gets_argument_names_and_unknown_shapes(tmp_path):
     init.main([str(tmp_path / "m")])
     written = ModelMetadata.load(str(tmp_path / "m"))
     assert [s.name for s in written.inputs] == ["features", "mask"]
-    assert all(s.shape == (-1,) for s in written.inputs)
+    # TorchScript keeps no shapes: null ("not known"), not [-1] (which is a 1-D tensor).
+    assert all(s.shape is None for s in (*written.inputs, *written.outputs))
+    assert written.max_batch_size == 0
     document = json.loads((tmp_path / "m" / "metadata.json").read_text())
+    assert [entry["shape"] for entry in document["inputs"]] == [None, None]
     assert any("unknown" in line for line in document["_comment"])
+
+
+def test_the_metadata_written_for_torchscript_serves_a_batch_of_records(tmp_path):
+    from smserve import simple
+
+    (tmp_path / "m").mkdir()
+    torch.jit.save(torch.jit.script(torch.nn.Linear(4, 2)), str(tmp_path / "m" / "model.pt"))
+    init.main([str(tmp_path / "m")])
+    inputs = simple.decode(b"1,2,3,4\n5,6,7,8\n9,10,11,12\n", "text/csv", ModelMetadata.load(str(tmp_path / "m")))
+    assert inputs["input"].shape == (3, 4)
 
 
 def test_skeleton_defines_no_hook_until_one_is_uncommented(tmp_path):

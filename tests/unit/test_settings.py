@@ -70,3 +70,56 @@ def test_autocast_and_compile_name_their_choices(variable, value, named):
     with pytest.raises(SettingsError) as raised:
         Settings.from_env({variable: value})
     assert str(raised.value).startswith(variable) and named in str(raised.value)
+
+
+# CreateTransformJob takes MaxPayloadInMB=0 ("the payload might be arbitrarily large and
+# is transmitted using HTTP chunked encoding") and MaxConcurrentTransforms=0 ("0 or left
+# unset: SageMaker checks the optional execution-parameters"); a job that passes either
+# on must not stop `serve`.
+
+
+def test_a_batch_job_without_a_payload_limit_gets_the_servers_own():
+    s = Settings.from_env({"SAGEMAKER_BATCH": "true", "SAGEMAKER_MAX_PAYLOAD_IN_MB": "0"})
+    assert s.max_payload_mb == 0
+    assert s.max_body_bytes == 100 * MB  # SMSERVE_MAX_REQUEST_MB's default
+    assert "SMSERVE_MAX_REQUEST_MB=100" in s.body_limit_setting
+    assert "SAGEMAKER_MAX_PAYLOAD_IN_MB=0" in s.body_limit_setting
+    s = Settings.from_env({"SAGEMAKER_BATCH": "true", "SAGEMAKER_MAX_PAYLOAD_IN_MB": "0", "SMSERVE_MAX_REQUEST_MB": "300"})
+    assert s.max_body_bytes == 300 * MB and "SMSERVE_MAX_REQUEST_MB=300" in s.body_limit_setting
+
+
+def test_a_job_payload_limit_still_applies_and_is_named():
+    s = Settings.from_env({"SAGEMAKER_BATCH": "true", "SAGEMAKER_MAX_PAYLOAD_IN_MB": "1", "SMSERVE_MAX_REQUEST_MB": "300"})
+    assert s.max_body_bytes == 1 * MB and s.body_limit_setting == "SAGEMAKER_MAX_PAYLOAD_IN_MB=1"
+
+
+def test_max_concurrent_transforms_0_is_unset():
+    assert Settings.from_env({"SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "0"}).max_concurrent_transforms is None
+    assert Settings.from_env({"SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "7"}).max_concurrent_transforms == 7
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "-1"),
+    ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "six"),
+    ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", "-1"),
+    ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", "many"),
+])
+def test_transform_limits_below_0_are_refused(variable, value):
+    with pytest.raises(SettingsError) as raised:
+        Settings.from_env({variable: value})
+    assert str(raised.value).startswith(variable)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SAGEMAKER_MAX_PAYLOAD_IN_MB": "0"}, {"MaxPayloadInMB": 0, "MaxConcurrentTransforms": 4}),
+    ({"SAGEMAKER_MAX_PAYLOAD_IN_MB": "0", "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "64"},
+     {"MaxPayloadInMB": 0, "MaxConcurrentTransforms": 64}),  # no payload, so no 100 MB budget to keep
+    ({"SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "0"}, {"MaxPayloadInMB": 6, "MaxConcurrentTransforms": 4}),
+    ({"SAGEMAKER_MAX_PAYLOAD_IN_MB": "50", "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "0"},
+     {"MaxPayloadInMB": 50, "MaxConcurrentTransforms": 2}),
+])
+def test_execution_parameters_when_the_job_passes_0(env, expected):
+    from smserve.server import ModelServer
+
+    server = ModelServer(Settings.from_env({"SAGEMAKER_BATCH": "true", **env}), workers=2)
+    assert server.execution_parameters() == {**expected, "BatchStrategy": "MULTI_RECORD"}
