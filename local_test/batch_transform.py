@@ -68,6 +68,20 @@ class BatchFailed(Exception):
     """A mini-batch that did not produce usable output (after any retries)."""
 
 
+class EndedEarly(Exception):
+    """An answer that began (HTTP 200) but ended before its end: its chunked body has
+    no final chunk. The server streams a many-pass CSV or JSON Lines answer pass by
+    pass, so a model that fails on a later pass can only cut the answer short."""
+
+    def __init__(self, received: bytes):
+        super().__init__("the answer ended early")
+        self.received = received
+
+    @property
+    def lines(self) -> int:
+        return self.received.count(b"\n")
+
+
 @dataclass(frozen=True)
 class JobConfig:
     url: str = DEFAULT_URL
@@ -330,23 +344,39 @@ class Client:
             session = self._local.session = requests.Session()
         return session
 
-    def invoke(self, body: bytes) -> bytes:
+    def invoke(self, body: bytes, records: int | None = None) -> bytes:
         """POST /invocations with ModelClientConfig's retry rule.
 
         Connection errors, timeouts and 5xx are retried up to max_retries times; a 4xx
-        is the request's own fault and would fail the same way again.
+        is the request's own fault and would fail the same way again. An answer that
+        ends early (see EndedEarly) is retried too, as SageMaker would, unless a retry
+        ends at the very same byte: a model that fails on a later pass does so every
+        time, and a dying worker would not stop at the same place twice.
         """
         config = self.config
         url = config.url.rstrip("/") + "/invocations"
         headers = {"Content-Type": config.content_type, "Accept": config.accept}
         last_error = ""
+        ended_at: int | None = None  # how much the last answer that ended early held
+        tries = 0
         for attempt in range(config.max_retries + 1):
             if attempt:
                 time.sleep(config.retry_backoff_s * 2 ** (attempt - 1))
+            tries += 1
             try:
                 response = self.session.post(
-                    url, data=body, headers=headers, timeout=(config.timeout_s, config.timeout_s)
+                    url, data=body, headers=headers, timeout=(config.timeout_s, config.timeout_s), stream=True
                 )
+                if response.status_code == 200:
+                    return _whole_answer(response)
+                content = response.content
+            except EndedEarly as early:
+                last_error = _ended_early(early, records)
+                if ended_at == len(early.received):
+                    raise BatchFailed(f"{last_error}; a retry ended at the same place, so it is not retried "
+                                      f"again (after {tries} attempts)") from None
+                ended_at = len(early.received)
+                continue
             except (
                 requests.ConnectionError,
                 requests.Timeout,
@@ -354,13 +384,33 @@ class Client:
             ) as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
                 continue
-            if response.status_code == 200:
-                return response.content
-            last_error = f"HTTP {response.status_code}: {_short(response.text)}"
+            last_error = f"HTTP {response.status_code}: {_short(content.decode('utf-8', 'replace'))}"
             if response.status_code < 500:
                 raise BatchFailed(last_error)
-        tries = config.max_retries + 1
         raise BatchFailed(f"{last_error} (after {tries} attempt{'s' if tries > 1 else ''})")
+
+
+def _whole_answer(response: requests.Response) -> bytes:
+    """A 200 answer's body; EndedEarly with what came when it breaks off. A read that
+    times out is a requests.ConnectionError, left to the caller."""
+    received = bytearray()
+    try:
+        for chunk in response.iter_content(64 * 1024):
+            received += chunk
+    except requests.exceptions.ChunkedEncodingError:
+        raise EndedEarly(bytes(received)) from None
+    finally:
+        response.close()
+    return bytes(received)
+
+
+def _ended_early(early: EndedEarly, records: int | None) -> str:
+    of = f" of {records}" if records is not None else ""
+    return (
+        f"the server's answer ended early, after {early.lines}{of} lines: HTTP 200 and the first lines had "
+        "left when the model failed part-way through (a later forward pass raised), or its worker died; "
+        "the server's log says why"
+    )
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -467,7 +517,7 @@ class JobResult:
 
 def transform_batch(client: Client, batch: MiniBatch, config: JobConfig) -> bytes:
     """Send one mini-batch and turn its response into this batch's share of the .out file."""
-    body = client.invoke(batch.body)
+    body = client.invoke(batch.body, len(batch.records))
     if not config.checks_lines:
         if config.assemble_with == "Line" and body and not body.endswith(b"\n"):
             body += b"\n"

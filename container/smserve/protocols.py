@@ -256,8 +256,12 @@ def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
     batched = server.metadata.max_batch_size > 0
     if accept in LINE_TYPES and server.passes(inputs) > 1:
         # Many records in a line format: each pass's lines leave as the pass ends, so
-        # the first lines go out before the last pass runs.
-        return Reply(_lines_by_pass(server, inputs, accept, batched), {"Content-Type": accept})
+        # the first lines go out before the last pass runs. The first pass runs before
+        # the status line is sent: a model that fails on it gets its 500 (the worker
+        # sends nothing until the body's first bytes exist, and then it is too late).
+        passes = _lines_by_pass(server, inputs, accept, batched)
+        first = next(passes)
+        return Reply(_resumed(first, passes), {"Content-Type": accept})
     outputs = server.infer(inputs)
     payload, media = server.codec(_nbytes(outputs), simple.encode, outputs, accept, batched)
     return Reply(payload, {"Content-Type": media})
@@ -267,6 +271,15 @@ def _lines_by_pass(server, inputs, accept: str, batched: bool) -> Iterator[bytes
     for outputs in server.infer_by_pass(inputs):
         payload, _ = server.codec(_nbytes(outputs), simple.encode, outputs, accept, batched)
         yield payload
+
+
+def _resumed(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    """first, then the rest; closing it closes the rest (a client that left stops the passes)."""
+    try:
+        yield first
+        yield from rest
+    finally:
+        rest.close()
 
 
 def _nbytes(outputs) -> int:

@@ -118,7 +118,23 @@ class FakeServer:
                 outputs = [model(record) for record in records]
                 if fake.lines_short_by:
                     outputs = outputs[: len(outputs) - fake.lines_short_by]
+                if action.startswith("cut"):
+                    self.cut_short(outputs[: int(action[3:])], content_type)
+                    return
                 self.reply(200, b"".join(o + b"\n" for o in outputs), content_type)
+
+            def cut_short(self, lines: list[bytes], content_type: str):
+                """As the real server answers when a later forward pass fails: 200, the
+                first passes' lines as chunks, then the connection closes without the
+                final chunk."""
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for line in lines:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line) + 1, line + b"\n"))
+                self.wfile.flush()
+                self.close_connection = True
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -337,6 +353,36 @@ def test_a_client_error_is_not_retried(server, tmp_path):
     assert (tmp_path / "out" / "good.csv.out").read_bytes() == expected_csv(csv_rows(5))
     assert not (tmp_path / "out" / "bad.csv.out").exists()
     assert result.records == 5
+
+
+def test_an_answer_that_ends_early_at_the_same_line_twice_is_reported_not_retried_again(server, tmp_path):
+    source = write(tmp_path / "a.csv", csv_rows(5))
+    server.script = ["cut2"] * 4  # a model that fails on its second pass, every time
+    result = bt.run_job(source, tmp_path / "out", config(server, max_retries=3), progress=False)
+    assert server.attempts == 2
+    (failure,) = result.failures
+    assert "ended early, after 2 of 5 lines" in failure.message
+    assert "model failed part-way through" in failure.message and "server's log" in failure.message
+    assert "not retried again" in failure.message and "ChunkedEncodingError" not in failure.message
+    assert not (tmp_path / "out" / "a.csv.out").exists()
+
+
+def test_an_answer_that_ends_early_once_is_retried(server, tmp_path):
+    records = csv_rows(5)
+    source = write(tmp_path / "a.csv", records)
+    server.script = ["cut3"]  # a worker that died once; the retry reaches another
+    result = bt.run_job(source, tmp_path / "out", config(server, max_retries=3), progress=False)
+    assert result.failures == [] and server.attempts == 2
+    assert (tmp_path / "out" / "a.csv.out").read_bytes() == expected_csv(records)
+
+
+def test_answers_that_end_early_at_different_lines_use_up_the_retries(server, tmp_path):
+    source = write(tmp_path / "a.csv", csv_rows(5))
+    server.script = ["cut0", "cut1", "cut2", "cut3"]
+    result = bt.run_job(source, tmp_path / "out", config(server, max_retries=3), progress=False)
+    assert server.attempts == 4
+    (failure,) = result.failures
+    assert "ended early, after 3 of 5 lines" in failure.message and "(after 4 attempts)" in failure.message
 
 
 def test_a_request_that_outlives_the_timeout_is_retried_then_fails(server, tmp_path):
