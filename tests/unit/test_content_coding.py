@@ -128,3 +128,20 @@ def test_decode_leaves_a_plain_or_empty_body_alone():
     assert contentcoding.decode(b"abc", "identity", LIMIT, "", server) == b"abc"
     assert contentcoding.decode(b"", "gzip", LIMIT, "", server) == b""
     assert server.calls == []
+
+
+def test_many_gzip_members_cost_linear_time_and_are_capped():
+    """An empty gzip member is 20 bytes of no output: a body of them must neither copy
+    the rest of the body per member (quadratic) nor run unbounded."""
+    empty = gzip.compress(b"", mtime=0)
+    assert inflate(empty * contentcoding.MAX_MEMBERS, "gzip", LIMIT) == b""
+    with pytest.raises(BadRequest, match=f"more than {contentcoding.MAX_MEMBERS} members"):
+        inflate(empty * (contentcoding.MAX_MEMBERS + 1), "gzip", LIMIT)
+    with pytest.raises(BadRequest, match="more than"):
+        inflate(empty * 300_000, "gzip", LIMIT)  # 6 MB: refused at the cap, not parsed to its end
+
+
+def test_zero_padding_after_the_last_member_is_taken_as_gzip_takes_it():
+    assert inflate(gzip.compress(b"abc") + b"\0" * 70_000, "gzip", LIMIT) == b"abc"
+    with pytest.raises(BadRequest, match="follow the end"):
+        inflate(gzip.compress(b"abc") + b"\0" * 70_000 + b"x", "gzip", LIMIT)
