@@ -282,17 +282,21 @@ def _padded_cell(body: bytes, start: int, stop: int, number: int, column: int) -
     start = _skip(body, start, stop, b" \t")
     stop = _skip_back(body, start, stop, b" \t")
     sign = body[start : start + 1] if body[start : start + 1] in (b"+", b"-") else b""
-    start = _skip(body, start + len(sign), stop, b"0")
+    digits = start + len(sign)
+    start = _skip(body, digits, stop, b"0")
+    # One zero is kept where any were taken: "000e5" reads "0e5", "000 5" reads "0 5"
+    # (refused, as numpy refuses it), and a cell of spaces alone stays blank (refused).
+    zero = b"0" if start > digits else b""
     if (stop - start > MAX_CELL_BYTES and body.find(b".", start, stop) >= 0
             and body.find(b"e", start, stop) < 0 and body.find(b"E", start, stop) < 0):
-        stop = _skip_back(body, start, stop, b"0")
+        stop = max(_skip_back(body, start, stop, b"0"), start + 1)  # keep the point's neighbour
     if stop - start > MAX_CELL_BYTES:
         raise BadRequest(f"CSV line {number}, column {column}: a cell over {MAX_CELL_BYTES} bytes long "
                          "is not a number")
-    cell = sign + (body[start:stop] or b"0")
-    if body[start : start + 1] == b".":
-        cell = sign + b"0" + body[start:stop]
-    values = _csv_cells(cell)
+    cell = sign + zero + body[start:stop]
+    values = _csv_cells(cell) if cell.strip(b"+-") else None
+    if values is None and not cell.strip():
+        raise BadRequest(f"CSV line {number}, column {column}: '' is not a number")
     if values is None:
         _csv_cell_culprit([cell.decode("utf-8")], number, column)
         raise BadRequest(f"CSV line {number}, column {column}: not a number")  # not reached

@@ -132,6 +132,9 @@ ROW = b",".join([b"1"] * 64)
     (b"  +" + b"0" * 100_000 + b".25  ", 0.25),
     (b"0" * 100_000, 0.0),
     (b"0" * (3 << 20) + b"3", 3.0),
+    (b"0" * 40_000 + b"e5", 0.0),  # "0e5", as numpy reads the whole cell
+    (b"-" + b"0" * 40_000 + b"e2", -0.0),
+    (b"0" * 40_000 + b".", 0.0),
 ])
 def test_a_padded_cell_of_any_length_is_its_number(loadtxt_reads, cell, value):
     body = cell + b"," + ROW[2:] + b"\n" + ROW + b"\n"
@@ -145,6 +148,13 @@ def test_a_padded_cell_of_any_length_is_its_number(loadtxt_reads, cell, value):
     (b"0" * 100_000 + b"abc", "'abc' is not a number"),
     (b"0" * 100_000 + b"1e999", "out of range"),
     (b"0" * 100_000 + b"1.5e3" + b"0" * 100_000, "a cell over 32768 bytes long"),  # zeros of an exponent are digits
+    # Padding around nothing, or around more than one number, is not a number (numpy refuses them too).
+    (b" " * 40_000, "'' is not a number"),
+    (b"\t" * 40_000, "'' is not a number"),
+    (b"-" + b" " * 40_000, "'-' is not a number"),
+    (b" " * 40_000 + b"+", "'+' is not a number"),
+    (b"0" * 40_000 + b" 5", "'0 5' is not a number"),
+    (b"0" * 40_000 + b"\t7", "is not a number"),
 ])
 def test_a_long_cell_that_is_more_than_padding_is_refused(cell, words):
     with pytest.raises(BadRequest, match=words):
