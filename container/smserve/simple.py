@@ -200,6 +200,7 @@ def _column(records: list[dict], name: str) -> list:
 def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.ndarray:
     """Check the shape against the model's, add a missing batch dimension, cast."""
     batched = metadata.max_batch_size > 0
+    sent = array  # as the body held it: errors name its records (a CSV body's lines)
     if spec.shape is None and batched and array.ndim == 0:  # the batcher splits along dimension 0
         raise BadRequest(f"input '{spec.name}': expected a batch dimension, got a single number")
     if spec.shape is not None:  # (None: not known; the model judges the shape)
@@ -224,7 +225,7 @@ def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.nda
         for offset, part in slices.pieces(array):
             whole = part.dtype.kind != "f" or bool(np.all(np.isfinite(part) & (part == np.round(part))))
             if not whole or (part.size and not _fits(part, dtype)):
-                _refuse_value(array, offset, part, spec, dtype)
+                _refuse_value(sent, offset, part, spec, dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # integers were range-checked above; floats below
         out = slices.cast(array, dtype)
     if dtype.kind == "f" and array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:
@@ -236,13 +237,14 @@ def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.nda
                 if lost.any():
                     at = int(np.argmax(lost))
                     raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
-                                     + _at(array, offset + at, part[at]))
+                                     + _at(sent, offset + at, part[at]))
     return out
 
 
 def _refuse_value(array: np.ndarray, offset: int, part: np.ndarray, spec: TensorSpec, dtype: np.dtype):
-    """Raise for the first value of `part` (at flat `offset` in `array`) that the
-    integer or BOOL `dtype` cannot hold: fractional, not finite, or out of range."""
+    """Raise for the first value of `part` (at flat `offset` in `array`, C order, the
+    same in any reshape of it) that the integer or BOOL `dtype` cannot hold:
+    fractional, not finite, or out of range."""
     if part.dtype.kind == "f":
         fractional = ~(np.isfinite(part) & (part == np.round(part)))
         # Python compares exactly; float64 holds -2**k and 2**k exactly, not 2**63 - 1.

@@ -242,7 +242,7 @@ class GeventModelWorker(base.Worker):
         self.listener_names = {listener: listener.getsockname() for listener in self.sockets}
         if self.model_server.defers_accepting():
             self._wait_for_model()
-        for listener in self.sockets:
+        for listener in self.sockets if self.alive else ():  # (SIGTERM while the model loaded: accept nothing)
             listener.setblocking(1)
             server = StreamServer(listener, handle=self._handler(listener), spawn=self._spawn)
             if self.cfg.workers > 1:
@@ -279,8 +279,9 @@ class GeventModelWorker(base.Worker):
         # them before the listening socket closes (closing it resets every one of them).
         for server in self.servers:
             server.stop_accepting()
-        for listener in self.sockets:
-            self._accept_backlog(listener)
+        if self.servers:  # (a worker still waiting for its model took none: its siblings serve those)
+            for listener in self.sockets:
+                self._accept_backlog(listener)
         for server in self.servers:
             server.close()
         for conn in list(self.connections.values()):

@@ -744,3 +744,14 @@ print(a.value is b.value, other is not a.value, other is again)
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True,
                          cwd=container, timeout=60)
     assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr
+
+
+def test_a_bad_value_in_a_sample_sent_as_several_csv_lines_names_its_line():
+    """Two CSV lines make one [2, 3] sample (reshaped to a batch of one): the error names
+    the line that holds the value, as for any CSV body."""
+    metadata = ModelMetadata(name="m", max_batch_size=8, inputs=(TensorSpec("x", "UINT8", (2, 3)),))
+    with pytest.raises(BadRequest, match=r"^input 'x': a value is out of range for UINT8 in record 2: 300$"):
+        simple.decode(b"1,2,3\n4,5,300\n", "text/csv", metadata)
+    metadata = ModelMetadata(name="m", max_batch_size=8, inputs=(TensorSpec("x", "FP32", (2, 3)),))
+    with pytest.raises(BadRequest, match=r"out of range for FP32 in record 2: 1e\+39$"):
+        simple.decode(b"1,2,3\n4,5,1e39\n", "text/csv", metadata)
