@@ -49,16 +49,16 @@ ENV VIRTUAL_ENV=/opt/venv \
     PYTHONDONTWRITEBYTECODE=1
 
 COPY --from=builder /opt/venv /opt/venv
-COPY container/ /opt/program/
 
 # SMSERVE_COMPILE (torch.compile) compiles at run time: inductor builds CPU kernels with
 # g++ and triton builds its GPU kernel launchers with gcc, both against Python's headers.
 # The image leaves build tools out unless built with --build-arg COMPILER=true (`make
 # build COMPILER=true`, about 300 MB more); without them SMSERVE_COMPILE logs why it
-# failed and serves the model uncompiled. Last, so that both variants share the layers
-# above. python3-dev only where the base lacks the headers (Debian's python3 does; the
-# python: images ship them). Debian's packages are not pinned: the mirror keeps only the
-# current point release, so a pin would break the build at the next one.
+# failed and serves the model uncompiled. After the venv, which both variants share,
+# and before container/, so a code change rebuilds neither. python3-dev only where the
+# base lacks the headers (Debian's python3 does; the python: images ship them). Debian's
+# packages are not pinned: the mirror keeps only the current point release, so a pin
+# would break the build at the next one.
 ARG COMPILER=false
 # hadolint ignore=DL3008
 RUN if [ "${COMPILER}" = true ]; then \
@@ -71,6 +71,8 @@ RUN if [ "${COMPILER}" = true ]; then \
     elif [ "${COMPILER}" != false ]; then \
         echo "COMPILER must be true or false, not '${COMPILER}'" >&2; exit 1; \
     fi
+
+COPY container/ /opt/program/
 
 WORKDIR /opt/program
 

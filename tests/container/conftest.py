@@ -75,7 +75,7 @@ def image(podman, base_image) -> str:
 @pytest.fixture(scope="session")
 def compiler_image(podman, base_image, image) -> str:
     """The image built with --build-arg COMPILER=true (`make build COMPILER=true`). It
-    shares every layer of `image` but its last, so it costs one apt-get install."""
+    shares the base and venv layers of `image`, so it costs one apt-get install."""
     return build_image(podman, base_image, IMAGE + "-compiler", ["--build-arg", "COMPILER=true"])
 
 
