@@ -63,7 +63,10 @@ REASONS = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout"
 READ_SIZE = 1024 * 1024
 # After an error answer, how long and how much of a request still arriving is read and
 # dropped before the connection closes (see _linger).
-LINGER_S = 2.0
+# (As nginx's lingering_timeout and lingering_time: a pause ends it, a steady sender
+# gets the total.)
+LINGER_IDLE_S = 2.0
+LINGER_TOTAL_S = 10.0
 LINGER_BYTES = 128 << 20
 # Non-empty chunks in one chunked body, as Triton's HTTP front end allows (its wording
 # too): each costs a Python-level parse, so a body of one-byte chunks costs ~6x its size
@@ -424,6 +427,13 @@ class GeventModelWorker(base.Worker):
             # A WebSocket session takes the connection over until it closes.
             websocket.serve(self, sock, sender, req, parser.unreader.take_buffered(), addr)
             return False
+        try:
+            # Before any 100 Continue: a body that will be refused is not invited.
+            self._check_head(req)
+        except _ClientError as e:
+            self.send_error(sock, e.status, e.message)
+            access.log_request(access.request_environ(req, addr), e.status, 0, started)
+            return False
         direct = self.direct_routes.get((req.method, req.path))
         if direct is not None:
             # The hot path: answered without building a WSGI environ or werkzeug objects.
@@ -490,14 +500,23 @@ class GeventModelWorker(base.Worker):
         # After SIGTERM, a connection goes on only while requests are already waiting.
         return self.alive or _buffered(parser) or bytes_waiting(sock)
 
-    def _read_body(self, req) -> bytes:
-        """The whole body, within the body deadline and the payload limit."""
-        limit = self.settings.max_body_bytes
-        too_big = f"exceeds the payload limit of {limit} bytes ({self.settings.body_limit_setting})"
+    def _too_big(self) -> str:
+        return f"exceeds the payload limit of {self.settings.max_body_bytes} bytes ({self.settings.body_limit_setting})"
+
+    def _check_head(self, req) -> None:
+        """What the head alone says is wrong with the body: a transfer coding we do not
+        undo, or a Content-Length over the payload limit."""
         _check_transfer_coding(req)
         declared = _content_length(req)
-        if declared is not None and declared > limit:
-            raise _ClientError(413, f"request body of {declared} bytes {too_big}")
+        if declared is not None and declared > self.settings.max_body_bytes:
+            raise _ClientError(413, f"request body of {declared} bytes {self._too_big()}")
+
+    def _read_body(self, req) -> bytes:
+        """The whole body, within the body deadline and the payload limit (the head has
+        passed _check_head)."""
+        limit = self.settings.max_body_bytes
+        too_big = self._too_big()
+        declared = _content_length(req)
         if req.body is None:
             return b""
         turn = turns.Turn()
@@ -561,15 +580,21 @@ def _linger(sock) -> None:
         return
     dropped = 0
     turn = turns.Turn()
+    raw = sock._sock
     try:
-        with gevent.Timeout(LINGER_S, False):
+        with gevent.Timeout(LINGER_TOTAL_S, False):
             while dropped < LINGER_BYTES:
-                data = sock.recv(READ_SIZE)
+                try:
+                    data = raw.recv(READ_SIZE)
+                except (BlockingIOError, InterruptedError):
+                    # A client that has stopped sending is not waited for long.
+                    gevent_socket.wait_read(raw.fileno(), timeout=LINGER_IDLE_S, timeout_exc=_Close)
+                    continue
                 if not data:
                     return
                 dropped += len(data)
                 turn.take()
-    except OSError:
+    except (OSError, _Close):
         pass
 
 

@@ -373,6 +373,18 @@ def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(make_ser
     assert requests.get(server.url + "/ping", timeout=5).status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/invocations", "/v2/models/dig%69ts/infer"], ids=["worker-route", "flask-route"])
+def test_expect_100_continue_with_a_body_over_the_limit_gets_413_not_an_invitation(make_server, example_model_dir,
+                                                                                     path):
+    server = make_server(example_model_dir, {"SMSERVE_MAX_REQUEST_MB": "1"})
+    sock = connect(server.port)
+    sock.sendall(request_bytes("POST", path, headers={"Content-Type": "text/csv", "Expect": "100-continue",
+                                                      "Content-Length": str(5 << 20)}))
+    answer = Reader(sock).response()
+    sock.close()
+    assert answer.status == 413 and "payload limit" in answer.json()["error"]
+
+
 def _worker_pids(master_pid: int) -> set[int]:
     pids = set()
     for entry in os.listdir("/proc"):
