@@ -666,7 +666,11 @@ def build_response(
 ) -> InferenceResponse:
     """Select, order, encode-kind and classify the model's results as the request asked."""
     if request.outputs is None:
-        names = [t.name for t in metadata.outputs] or list(results)
+        # The declared outputs in their order, then any other the model returned (a
+        # TorchScript model's derived metadata knows only output__0 of its tuple): the
+        # simple protocols answer every output, and so does this.
+        declared = [t.name for t in metadata.outputs]
+        names = declared + [name for name in results if name not in declared]
         # Unlisted outputs follow `binary_data_output`; a raw request gets only binary.
         wanted = [(name, request.raw or request.binary_output, 0) for name in names]
     else:

@@ -563,3 +563,16 @@ def test_request_id_is_echoed_even_when_not_ascii():
     parsed = Client.parse_response_body(encoded, header_length=header_length)
     assert parsed.get_response()["id"] == "r\u00e9q \U0001F600"
     assert list(parsed.get_response()) == ["id", "model_name", "model_version", "outputs"]
+
+
+def test_outputs_the_metadata_does_not_list_are_answered_too():
+    """A TorchScript model's derived metadata names only output__0; the model returned a
+    tuple of two. Unrequested, every output comes back, the declared ones first."""
+    metadata = ModelMetadata(name="ts", inputs=(TensorSpec("x", "FP32", None),),
+                             outputs=(TensorSpec("output__0", "FP32", None),))
+    request = v2.decode_request(json.dumps({"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32",
+                                                        "data": [1, 2, 3, 4, 5, 6]}]}).encode(), None, metadata)
+    results = {"output__1": np.array([6.0, 15.0], dtype=np.float32),
+               "output__0": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    response = v2.build_response(request, results, metadata)
+    assert [(t.name, t.datatype) for t in response.outputs] == [("output__0", "FP32"), ("output__1", "FP32")]
