@@ -133,14 +133,19 @@ class Settings:
         return cls(**values)
 
 
-def _positive_int(raw: str) -> int:
+def _whole_number(raw: str, low: int, high: int | None, message: str) -> int:
+    """An integer from low to high (None: no upper bound); any other text is `message`."""
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError("must be a positive integer") from None
-    if value < 1:
-        raise ValueError("must be a positive integer")
+        raise ValueError(message) from None
+    if value < low or (high is not None and value > high):
+        raise ValueError(message)
     return value
+
+
+def _positive_int(raw: str) -> int:
+    return _whole_number(raw, 1, None, "must be a positive integer")
 
 
 def _port(raw: str) -> int:
@@ -202,26 +207,14 @@ def _directory(raw: str) -> str:
 
 def _payload_mb(raw: str) -> int:
     """MaxPayloadInMB as CreateTransformJob takes it: 0 (no limit) to 100."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"must be a whole number of MB from 0 (no limit) to {MAX_TRANSFORM_BUDGET_MB}") from None
-    if not 0 <= value <= MAX_TRANSFORM_BUDGET_MB:
-        raise ValueError(f"must be a whole number of MB from 0 (no limit) to {MAX_TRANSFORM_BUDGET_MB} "
-                         "(SageMaker's limit)")
-    return value
+    return _whole_number(raw, 0, MAX_TRANSFORM_BUDGET_MB, f"must be a whole number of MB from 0 (no limit) to "
+                                                          f"{MAX_TRANSFORM_BUDGET_MB} (SageMaker's limit)")
 
 
 def _concurrent_transforms(raw: str) -> int | None:
     """MaxConcurrentTransforms as CreateTransformJob takes it: 0 is unset (SageMaker
     then asks /execution-parameters), so None."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError("must be a whole number >= 0 (0: not set)") from None
-    if value < 0:
-        raise ValueError("must be a whole number >= 0 (0: not set)")
-    return value or None
+    return _whole_number(raw, 0, None, "must be a whole number >= 0 (0: not set)") or None
 
 
 def _device(raw: str) -> str:
