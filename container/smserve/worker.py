@@ -429,7 +429,7 @@ class GeventModelWorker(base.Worker):
             return False
         try:
             # Before any 100 Continue: a body that will be refused is not invited.
-            self._check_head(req)
+            declared = self._check_head(req)
         except _ClientError as e:
             self.send_error(sock, e.status, e.message)
             access.log_request(access.request_environ(req, addr), e.status, 0, started)
@@ -445,7 +445,7 @@ class GeventModelWorker(base.Worker):
             resp, environ = wsgi.create(req, sender, addr, listener_name, self.cfg)
             environ["wsgi.multithread"] = True
         try:
-            body = self._read_body(req)
+            body = self._read_body(req, declared)
         except _ClientError as e:
             self.send_error(sock, e.status, e.message)
             access.log_request(environ, e.status, 0, started)
@@ -503,20 +503,20 @@ class GeventModelWorker(base.Worker):
     def _too_big(self) -> str:
         return f"exceeds the payload limit of {self.settings.max_body_bytes} bytes ({self.settings.body_limit_setting})"
 
-    def _check_head(self, req) -> None:
+    def _check_head(self, req) -> int | None:
         """What the head alone says is wrong with the body: a transfer coding we do not
-        undo, or a Content-Length over the payload limit."""
+        undo, or a Content-Length over the payload limit. The Content-Length, if any."""
         _check_transfer_coding(req)
         declared = _content_length(req)
         if declared is not None and declared > self.settings.max_body_bytes:
             raise _ClientError(413, f"request body of {declared} bytes {self._too_big()}")
+        return declared
 
-    def _read_body(self, req) -> bytes:
-        """The whole body, within the body deadline and the payload limit (the head has
-        passed _check_head)."""
+    def _read_body(self, req, declared: int | None) -> bytes:
+        """The whole body, within the body deadline and the payload limit; `declared`:
+        its Content-Length, from _check_head, which the head has passed."""
         limit = self.settings.max_body_bytes
         too_big = self._too_big()
-        declared = _content_length(req)
         if req.body is None:
             return b""
         turn = turns.Turn()
