@@ -223,9 +223,9 @@ def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.nda
     # first bad value is found in that piece alone.
     if dtype.kind in "iub":
         for offset, part in slices.pieces(array):
-            whole = part.dtype.kind != "f" or bool(np.all(np.isfinite(part) & (part == np.round(part))))
-            if not whole or (part.size and not _fits(part, dtype)):
-                _refuse_value(sent, offset, part, spec, dtype)
+            unfit = _unfit(part, dtype)
+            if unfit.any():
+                _refuse_value(sent, offset, part, int(np.argmax(unfit)), spec, dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # integers were range-checked above; floats below
         out = slices.cast(array, dtype)
     if dtype.kind == "f" and array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:
@@ -241,23 +241,27 @@ def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.nda
     return out
 
 
-def _refuse_value(array: np.ndarray, offset: int, part: np.ndarray, spec: TensorSpec, dtype: np.dtype):
-    """Raise for the first value of `part` (at flat `offset` in `array`, C order, the
-    same in any reshape of it) that the integer or BOOL `dtype` cannot hold:
-    fractional, not finite, or out of range."""
+def _unfit(part: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Which values of `part` the integer or BOOL `dtype` cannot hold, so that the cast
+    would wrap or truncate them: fractional, not finite, or out of its range (300 is no
+    UINT8, 2 no BOOL). numpy compares with Python ints exactly; as bounds for floats,
+    float64 holds -2**k and 2**k exactly (not 2**63 - 1), hence the exclusive max + 1."""
+    if part.dtype.kind == "b":
+        return np.zeros(part.shape, dtype=bool)
+    low, high = (0, 1) if dtype.kind == "b" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
     if part.dtype.kind == "f":
-        fractional = ~(np.isfinite(part) & (part == np.round(part)))
-        # Python compares exactly; float64 holds -2**k and 2**k exactly, not 2**63 - 1.
-        low, high = (0, 2) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max + 1)
-        outside = (part < float(low)) | (part >= float(high))
-    else:
-        fractional = np.zeros(part.shape, dtype=bool)
-        low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
-        outside = (part < low) | (part > high) if part.dtype.kind != "b" else np.zeros(part.shape, dtype=bool)
-    at = int(np.argmax(fractional | outside))
-    where = _at(array, offset + at, part[at])
-    if fractional[at]:
-        kind = "a fractional" if np.isfinite(part[at]) else "a non-finite"
+        whole = np.isfinite(part) & (part == np.round(part))
+        return ~whole | (part < float(low)) | (part >= float(high + 1))
+    return (part < low) | (part > high)
+
+
+def _refuse_value(array: np.ndarray, offset: int, part: np.ndarray, at: int, spec: TensorSpec, dtype: np.dtype):
+    """Raise for value `at` of `part` (at flat `offset` in `array`, C order, the same in
+    any reshape of it), the first one `_unfit` found."""
+    value = part[at]
+    where = _at(array, offset + at, value)
+    if part.dtype.kind == "f" and not (np.isfinite(value) and value == np.round(value)):
+        kind = "a fractional" if np.isfinite(value) else "a non-finite"
         raise BadRequest(f"input '{spec.name}' takes {spec.datatype} values; got {kind} number{where}")
     raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
                      + (" (0 or 1)" if dtype.kind == "b" else "") + where)
@@ -272,19 +276,6 @@ def _at(array: np.ndarray, index: int, value) -> str:
     if array.ndim == 0:
         return f": {shown!r}"
     return f" in record {index // (array.size // len(array)) + 1}: {shown!r}"
-
-
-def _fits(part: np.ndarray, dtype: np.dtype) -> bool:
-    """Whether every (integral) value of `part` is one `dtype` holds, so that the cast
-    wraps nothing: 300 is no UINT8, and 2 no BOOL. Python compares ints and floats
-    exactly, so the bounds hold for int64 and uint64 too."""
-    if part.dtype.kind == "b":
-        return True
-    low, high = part.min().item(), part.max().item()
-    if dtype.kind == "b":
-        return low >= 0 and high <= 1
-    info = np.iinfo(dtype)
-    return low >= info.min and high <= info.max
 
 
 def _matches(shape: tuple, expected: list[int]) -> bool:
