@@ -38,6 +38,7 @@ import logging
 import os
 import resource
 import socket
+import struct
 import sys
 import time
 from http import HTTPStatus
@@ -480,6 +481,7 @@ class GeventModelWorker(base.Worker):
             sender.flush()
         except _SendTimeout as e:
             self.log.info("answer cut off: %s", e)
+            reset_on_close(sock)
             return False
         except OSError as e:
             self.log.debug("client went away during the answer: %s", e)
@@ -600,6 +602,17 @@ def _linger(sock) -> None:
 
 class _SendTimeout(Exception):
     """The client stopped reading its answer."""
+
+
+def reset_on_close(sock) -> None:
+    """Make the coming close() reset the connection (SO_LINGER 0), as nginx's
+    reset_timedout_connection does for a client cut off at its send deadline: a plain
+    close would leave the kernel holding the unsent answer in FIN-WAIT-1, trickling it
+    out as the stalled client's window allows, for as long as it likes."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
 
 
 class _Sender:
