@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import orjson  # noqa: E402
 
-from smserve import records, simple, v2  # noqa: E402
-from smserve.metadata import ModelMetadata, TensorSpec  # noqa: E402
+from smserve.codecs import records, simple, v2  # noqa: E402
+from smserve.core.metadata import ModelMetadata, TensorSpec  # noqa: E402
 
 MODEL = ModelMetadata(
     name="bench",

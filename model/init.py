@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "container"))
 
-from smserve.metadata import METADATA_FILE, ModelMetadata  # noqa: E402
-from smserve.model import EXPORTED, TORCHSCRIPT  # noqa: E402
+from smserve.core.metadata import METADATA_FILE, ModelMetadata  # noqa: E402
+from smserve.engine.loaded_model import EXPORTED, TORCHSCRIPT  # noqa: E402
 
 INFERENCE_PY = '''\
 """Hooks for {name}, as in SageMaker's PyTorch toolkit. Each one defined replaces that
@@ -65,7 +65,7 @@ def derive(model_dir: Path) -> tuple[ModelMetadata, str]:
     """(metadata, artifact name): exactly what the server derives without metadata.json."""
     import torch
 
-    from smserve.model import _metadata_from_export, _metadata_from_torchscript
+    from smserve.engine.loaded_model import _metadata_from_export, _metadata_from_torchscript
 
     if (model_dir / EXPORTED).exists():
         return _metadata_from_export(torch.export.load(str(model_dir / EXPORTED))), EXPORTED

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from smserve import hardware
+from smserve.engine import hardware
 
 
 def _fake_gpu_env(tmp_path, memory_mib: int) -> dict[str, str]:

@@ -11,8 +11,8 @@ import zlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from smserve import contentcoding
-from smserve.contentcoding import inflate
+from smserve.codecs import contentcoding
+from smserve.codecs.contentcoding import inflate
 from smserve.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 LIMIT = 8 << 20

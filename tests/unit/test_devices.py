@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from smserve import hardware
-from smserve.model import ModelLoadError, choose_device
+from smserve.engine import hardware
+from smserve.engine.loaded_model import ModelLoadError, choose_device
 
 
 @pytest.mark.parametrize("worker, expected", [(0, "cuda:0"), (1, "cuda:1"), (2, "cuda:0"), (5, "cuda:1")])

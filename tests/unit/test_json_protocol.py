@@ -5,9 +5,9 @@ nothing); any other JSON body goes through the server's codec step, once."""
 import orjson
 import pytest
 
-from smserve import protocols
+from smserve.protocols import dispatch as protocols
 from smserve.errors import BadRequest
-from smserve.metadata import ModelMetadata, TensorSpec
+from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.settings import Settings
 
 MODEL = ModelMetadata(name="m", max_batch_size=8, inputs=(TensorSpec("x", "FP32", (2,)),),

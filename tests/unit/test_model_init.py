@@ -11,9 +11,9 @@ import torch
 
 from local_test.server_process import ROOT
 from model import init
-from smserve.hooks import load_hooks
-from smserve.metadata import ModelMetadata
-from smserve.model import _metadata_from_export
+from smserve.engine.hooks import load_hooks
+from smserve.core.metadata import ModelMetadata
+from smserve.engine.loaded_model import _metadata_from_export
 
 
 class TwoHeads(torch.nn.Module):
@@ -76,7 +76,7 @@ def test_torchscript_model_gets_argument_names_and_unknown_shapes(tmp_path):
 
 
 def test_the_metadata_written_for_torchscript_serves_a_batch_of_records(tmp_path):
-    from smserve import simple
+    from smserve.codecs import simple
 
     (tmp_path / "m").mkdir()
     torch.jit.save(torch.jit.script(torch.nn.Linear(4, 2)), str(tmp_path / "m" / "model.pt"))

@@ -3,7 +3,7 @@
 import pytest
 
 from smserve.errors import ServerError, Unavailable
-from smserve.server import FAILED, READY, ModelServer
+from smserve.engine.server import FAILED, READY, ModelServer
 from smserve.settings import Settings
 
 

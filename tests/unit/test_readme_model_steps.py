@@ -12,8 +12,8 @@ import torch
 
 from local_test.server_process import ROOT
 from model import init
-from smserve import simple
-from smserve.metadata import ModelMetadata
+from smserve.codecs import simple
+from smserve.core.metadata import ModelMetadata
 
 
 class MyModel(torch.nn.Module):

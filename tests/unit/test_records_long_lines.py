@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from smserve import records, simple, slices
+from smserve.codecs import records, simple, slices
 from smserve.errors import BadRequest
-from smserve.metadata import ModelMetadata, TensorSpec
+from smserve.core.metadata import ModelMetadata, TensorSpec
 
 MB = 1 << 20
 WHOLE = 1 << 40  # a slice size no test body reaches: one call

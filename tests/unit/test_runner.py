@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from smserve.errors import BadRequest, ServerError
-from smserve.runner import Runner
+from smserve.engine.runner import Runner
 
 
 class RecordingModel:
@@ -96,7 +96,7 @@ def test_model_code_runs_below_the_event_loops_cpu_priority():
     CPU first when forward passes keep a core busy."""
     import os
 
-    from smserve import runner as runner_module
+    from smserve.engine import runner as runner_module
 
     loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     runner = Runner()

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from smserve import records, simple, v2
+from smserve.codecs import records, simple, v2
 from smserve.errors import BadRequest, NotAcceptable
-from smserve.metadata import ModelMetadata, TensorSpec
+from smserve.core.metadata import ModelMetadata, TensorSpec
 
 DIGITS = ModelMetadata(name="d", max_batch_size=8, inputs=(TensorSpec("pixels", "FP32", (4,)),),
                        outputs=(TensorSpec("p", "FP32", (2,)),))
@@ -732,7 +732,7 @@ from gevent import monkey
 monkey.patch_all(subprocess=False, os=False, signal=False)
 import gevent, threading
 from gevent.threadpool import ThreadPool
-from smserve import records
+from smserve.codecs import records
 a, b = gevent.spawn(records._parser, 10), gevent.spawn(records._parser, 10)
 gevent.joinall([a, b])
 pool = ThreadPool(1)
@@ -740,7 +740,7 @@ other = pool.apply(records._parser, (10,))
 again = pool.apply(records._parser, (10,))
 print(a.value is b.value, other is not a.value, other is again)
 """
-    container = Path(records.__file__).resolve().parents[1]
+    container = Path(records.__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True,
                          cwd=container, timeout=60)
     assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from smserve import records, slices, textout
+from smserve.codecs import records, slices, textout
 from smserve.errors import BadRequest
 
 WHOLE = 1 << 40  # a slice size no test body reaches: one call

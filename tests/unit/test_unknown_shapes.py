@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from smserve import simple, v2
+from smserve.codecs import simple, v2
 from smserve.errors import BadRequest
-from smserve.metadata import ModelMetadata, TensorSpec
-from smserve.model import _metadata_from_torchscript, load
+from smserve.core.metadata import ModelMetadata, TensorSpec
+from smserve.engine.loaded_model import _metadata_from_torchscript, load
 
 UNKNOWN = ModelMetadata(inputs=(TensorSpec("input", "FP32", None),), outputs=(TensorSpec("output__0", "FP32", None),))
 # The same model told it is a 1-D tensor of any length: still checked.
@@ -125,7 +125,7 @@ def test_metadata_json_says_unknown_with_null_or_no_shape(entry):
 def test_a_loaded_torchscript_model_serves_a_batch_of_records_and_the_log_says_what_was_derived(
         tmp_path, kind, caplog):
     net = save_torchscript(tmp_path, kind)
-    with caplog.at_level(logging.INFO, logger="smserve.model"):
+    with caplog.at_level(logging.INFO, logger="smserve.engine.loaded_model"):
         loaded = load(str(tmp_path), torch.device("cpu"))
     assert loaded.warm_up() is False  # nothing to warm up with: the shape is not known
     inputs = simple.decode("".join(",".join(f"{v:g}" for v in row) + "\n" for row in X).encode(), "text/csv",

@@ -18,10 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from smserve import datatypes, v2
+from smserve.core import datatypes
+from smserve.codecs import v2
 from smserve.errors import BadRequest
-from smserve.inference import InferenceRequest, RequestedOutput
-from smserve.metadata import ModelMetadata, TensorSpec
+from smserve.core.inference import InferenceRequest, RequestedOutput
+from smserve.core.metadata import ModelMetadata, TensorSpec
 
 Client = httpclient.InferenceServerClient
 

@@ -15,9 +15,9 @@ import tritonclient.http as httpclient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smserve import v2
+from smserve.codecs import v2
 from smserve.errors import BadRequest, ServerError
-from smserve.metadata import ModelMetadata, TensorSpec
+from smserve.core.metadata import ModelMetadata, TensorSpec
 
 Client = httpclient.InferenceServerClient
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smserve.websocket import _item_payload, _Text
+from smserve.streaming.websocket import _item_payload, _Text
 
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:

@@ -17,7 +17,7 @@ import struct
 
 import numpy as np
 
-from .errors import BadRequest
+from smserve.errors import BadRequest
 
 MAGIC = b"\x93NUMPY"
 # numpy >= 1.14 pads the header so the data starts on a 64-byte boundary.

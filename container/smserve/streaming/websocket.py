@@ -54,8 +54,10 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from wsproto.utilities import LocalProtocolError, generate_accept_token
 
-from . import access, protocols, simple, turns
-from .errors import HTTPError, PayloadTooLarge
+from smserve.http import access, turns
+from smserve.protocols import dispatch as protocols
+from smserve.codecs import simple
+from smserve.errors import HTTPError, PayloadTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -550,7 +552,7 @@ class Session:
         elif isinstance(item, str):
             self._send_message(item, True)
         else:
-            from .streams import to_json
+            from smserve.streaming.streams import to_json
 
             self._send_message(to_json(item).decode("utf-8"), True)
 
@@ -788,7 +790,7 @@ def _item_payload(item, text: "_Text | None", line: bool = False):
         return text.piece(item.encode("utf-8")) if text.pending else item
     if isinstance(item, (bytes, bytearray, memoryview)):
         return bytes(item) if text is None else text.piece(item)
-    from .streams import to_json
+    from smserve.streaming.streams import to_json
 
     encoded = to_json(item) + (b"\n" if line else b"")
     return encoded if text is None else text.piece(encoded)

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import datatypes
-from .errors import BadRequest
-from .hooks import Hooks, load_hooks
-from .metadata import METADATA_FILE, ModelMetadata, TensorSpec
-from .staging import HostStaging
+from smserve.core import datatypes
+from smserve.errors import BadRequest
+from smserve.engine.hooks import Hooks, load_hooks
+from smserve.core.metadata import METADATA_FILE, ModelMetadata, TensorSpec
+from smserve.engine.staging import HostStaging
 
 log = logging.getLogger(__name__)
 

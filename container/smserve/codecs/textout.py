@@ -14,7 +14,7 @@ import json
 import numpy as np
 import orjson
 
-from . import slices
+from smserve.codecs import slices
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 # Dtypes orjson writes itself. float16 is left out: orjson widens it and loses the

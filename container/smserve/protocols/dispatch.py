@@ -18,10 +18,11 @@ from typing import Iterable, Iterator
 from werkzeug.datastructures import MIMEAccept
 from werkzeug.http import parse_accept_header
 
-from . import records, simple, streams, v2
-from .errors import BadRequest, NotAcceptable, UnsupportedMediaType
-from .inference import InferenceRequest
-from .settings import Settings
+from smserve.codecs import records, simple, v2
+from smserve.streaming import streams
+from smserve.errors import BadRequest, NotAcceptable, UnsupportedMediaType
+from smserve.core.inference import InferenceRequest
+from smserve.settings import Settings
 
 OCTET_STREAM = "application/octet-stream"
 # Answers of one line per record, which can leave pass by pass.

@@ -22,7 +22,7 @@ from gevent.queue import Queue
 from gevent.threadpool import ThreadPool
 from gevent import monkey
 
-from .errors import BadRequest, HTTPError, ServerError
+from smserve.errors import BadRequest, HTTPError, ServerError
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ import math
 import numpy as np
 import orjson
 
-from . import npy, records, slices, textout
-from .errors import BadRequest, NotAcceptable
-from .metadata import ModelMetadata, TensorSpec
+from smserve.codecs import npy, records, slices, textout
+from smserve.errors import BadRequest, NotAcceptable
+from smserve.core.metadata import ModelMetadata, TensorSpec
 
 JSON = "application/json"
 CSV = "text/csv"

@@ -53,8 +53,9 @@ from gunicorn.http import wsgi
 from gunicorn.http.parser import RequestParser
 from gunicorn.workers import base
 
-from . import access, turns, websocket
-from .errors import json_error_body
+from smserve.http import access, turns
+from smserve.streaming import websocket
+from smserve.errors import json_error_body
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ class GeventModelWorker(base.Worker):
             gevent_socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets
         ]
         hub.reinit()
-        from .settings import Settings
+        from smserve.settings import Settings
 
         self.settings = Settings.from_env()
         # The loop thread makes many short system calls, each giving up the GIL and

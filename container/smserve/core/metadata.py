@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from . import datatypes
+from smserve.core import datatypes
 
 METADATA_FILE = "metadata.json"
 

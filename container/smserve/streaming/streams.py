@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import numpy as np
 import orjson
 
-from .errors import HTTPError, NotAcceptable
+from smserve.errors import HTTPError, NotAcceptable
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ class StreamFormat:
 
 def negotiate(accept: str | None, output_fn: Callable | None) -> StreamFormat:
     """The stream's format. With an output_fn the client's first choice goes to it."""
-    from .protocols import negotiate as negotiate_accept
-    from .protocols import preferred
+    from smserve.protocols.dispatch import negotiate as negotiate_accept
+    from smserve.protocols.dispatch import preferred
 
     if output_fn is not None:
         return StreamFormat(preferred(accept, JSONLINES), output_fn)
@@ -101,7 +101,7 @@ def negotiate(accept: str | None, output_fn: Callable | None) -> StreamFormat:
 def reply(server, chunks: Iterator[bytes], stream_format: StreamFormat):
     """A streamed Reply. The first chunk is computed before the status is sent, so a
     request that fails at once still gets its 4xx/5xx."""
-    from .protocols import Reply
+    from smserve.protocols.dispatch import Reply
 
     chunks = iter(chunks)
     try:

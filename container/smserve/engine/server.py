@@ -15,11 +15,12 @@ import gevent
 import numpy as np
 from gevent.threadpool import ThreadPool
 
-from . import hardware, readiness, simple
-from .errors import BadRequest, HTTPError, ServerError, Unavailable
-from .metadata import ModelMetadata
-from .runner import Runner
-from .settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
+from smserve.engine import hardware, readiness
+from smserve.codecs import simple
+from smserve.errors import BadRequest, HTTPError, ServerError, Unavailable
+from smserve.core.metadata import ModelMetadata
+from smserve.engine.runner import Runner
+from smserve.settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class ModelServer:
     def _load_on_inference_thread(self) -> None:
         import torch  # only workers import torch: the master must not touch CUDA
 
-        from . import model as model_module
+        from smserve.engine import loaded_model as model_module
 
         device = model_module.choose_device(self.settings.device, self.worker_index)
         if device.type == "cpu":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zlib
 
-from .errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from smserve.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 IDENTITY = "identity"
 # Inflated per zlib call: the list of pieces stays short and the limit is checked often.

@@ -22,10 +22,11 @@ import struct
 import numpy as np
 import orjson
 
-from . import datatypes, textout
-from .errors import BadRequest, ServerError
-from .inference import InferenceRequest, InferenceResponse, OutputTensor, RequestedOutput
-from .metadata import ModelMetadata, TensorSpec
+from smserve.core import datatypes
+from smserve.codecs import textout
+from smserve.errors import BadRequest, ServerError
+from smserve.core.inference import InferenceRequest, InferenceResponse, OutputTensor, RequestedOutput
+from smserve.core.metadata import ModelMetadata, TensorSpec
 
 # SageMaker strips custom request headers, so Triton's SageMaker form carries the JSON
 # header's length inside the Content-Type.

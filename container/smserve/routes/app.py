@@ -11,11 +11,13 @@ import logging
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from . import __version__, contentcoding, protocols, v2
-from .errors import BadRequest, HTTPError, NotFound, PayloadTooLarge, Unavailable, json_error_body
-from .metadata import ModelMetadata
-from .server import READY, ModelServer, worker_slot_from_env
-from .settings import Settings
+from smserve import __version__
+from smserve.codecs import contentcoding, v2
+from smserve.protocols import dispatch as protocols
+from smserve.errors import BadRequest, HTTPError, NotFound, PayloadTooLarge, Unavailable, json_error_body
+from smserve.core.metadata import ModelMetadata
+from smserve.engine.server import READY, ModelServer, worker_slot_from_env
+from smserve.settings import Settings
 
 log = logging.getLogger(__name__)
 

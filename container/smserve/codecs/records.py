@@ -25,8 +25,8 @@ import orjson
 import simdjson
 from gevent import monkey
 
-from . import slices
-from .errors import BadRequest
+from smserve.codecs import slices
+from smserve.errors import BadRequest
 
 RECORD_KEYS = ("instances", "inputs", "features", "data")
 MAX_JSON_DEPTH = 100

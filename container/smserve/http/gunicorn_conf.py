@@ -1,4 +1,4 @@
-"""gunicorn configuration, as a Python module: `gunicorn -c python:smserve.gunicorn_conf`.
+"""gunicorn configuration, as a Python module: `gunicorn -c python:smserve.http.gunicorn_conf`.
 
 Read once by the master. The master never imports torch: each worker loads the model
 after fork (CUDA cannot survive a fork).
@@ -7,7 +7,8 @@ after fork (CUDA cannot survive a fork).
 import os
 import shutil
 
-from smserve import hardware, logs, readiness
+from smserve.engine import hardware, readiness
+from smserve import logs
 from smserve.settings import Settings
 
 _settings = Settings.from_env()
@@ -15,7 +16,7 @@ _settings = Settings.from_env()
 bind = f"0.0.0.0:{_settings.port}"
 # gevent greenlets with read deadlines, a connection cap that evicts stalled clients,
 # and a SIGTERM drain that loses no request (worker.py says how).
-worker_class = "smserve.worker.GeventModelWorker"
+worker_class = "smserve.http.worker.GeventModelWorker"
 if _settings.workers:
     workers, _workers_reason = _settings.workers, "SAGEMAKER_MODEL_SERVER_WORKERS"
 else:
@@ -29,7 +30,7 @@ graceful_timeout = _settings.graceful_timeout
 # Longer than the load balancer's idle timeout, so it never reuses a connection we closed.
 keepalive = 75
 preload_app = False
-wsgi_app = "smserve.app:create_app()"
+wsgi_app = "smserve.routes.app:create_app()"
 logconfig_dict = logs.config_dict(_settings.log_level, _settings.log_format)
 # The worker writes its own access lines (smserve.access: structured, /ping quiet).
 accesslog = None
