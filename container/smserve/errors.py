@@ -6,11 +6,13 @@ class HTTPError(Exception):
 
     status = 500
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
         if status is not None:
             self.status = status
+        # Sent with the error answer (a 405's Allow, a 503's Retry-After).
+        self.headers = headers or {}
 
 
 class BadRequest(HTTPError):
@@ -21,8 +23,16 @@ class NotFound(HTTPError):
     status = 404
 
 
+class MethodNotAllowed(HTTPError):
+    status = 405
+
+
 class NotAcceptable(HTTPError):
     status = 406
+
+
+class Conflict(HTTPError):
+    status = 409
 
 
 class PayloadTooLarge(HTTPError):
@@ -41,6 +51,12 @@ class ServerError(HTTPError):
 
 class Unavailable(HTTPError):
     status = 503
+
+
+class InsufficientStorage(HTTPError):
+    """No room for another model (SageMaker's multi-model API: it then unloads one and retries)."""
+
+    status = 507
 
 
 def json_error_body(message: str) -> bytes:

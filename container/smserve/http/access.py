@@ -17,7 +17,6 @@ log = logging.getLogger("smserve.access")
 # Headers SageMaker and AWS load balancers use to identify a request.
 REQUEST_ID_KEYS = ("HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID", "HTTP_X_AMZN_TRACE_ID",
                    "HTTP_X_REQUEST_ID")
-QUIET_PATHS = ("/ping", "/v2/health/live", "/v2/health/ready")
 
 
 def peer(addr) -> str:
@@ -38,9 +37,10 @@ def request_environ(req, addr) -> dict:
     return environ
 
 
-def log_request(environ: dict, status: int, sent: int, started: float) -> None:
+def log_request(environ: dict, status: int, sent: int, started: float, quiet: bool = False) -> None:
+    """quiet: a health check's route, whose success SageMaker asks for every few seconds."""
     path = environ.get("PATH_INFO", "")
-    level = logging.DEBUG if status == 200 and path in QUIET_PATHS else logging.INFO
+    level = logging.DEBUG if status == 200 and quiet else logging.INFO
     if not log.isEnabledFor(level):
         return
     method = environ.get("REQUEST_METHOD", "-")

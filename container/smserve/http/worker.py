@@ -41,7 +41,6 @@ import socket
 import struct
 import sys
 import time
-from http import HTTPStatus
 
 import gevent
 from gevent import hub, monkey
@@ -56,12 +55,10 @@ from gunicorn.workers import base
 from smserve.http import access, turns
 from smserve.streaming import websocket
 from smserve.errors import json_error_body
+from smserve.routes.table import Request, RouteTable, reason
 
 log = logging.getLogger(__name__)
 
-REASONS = {400: "Bad Request", 405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long",
-           426: "Upgrade Required", 431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
-           503: "Service Unavailable"}
 READ_SIZE = 1024 * 1024
 # After an error answer, how long and how much of a request still arriving is read and
 # dropped before the connection closes (see _linger).
@@ -238,8 +235,8 @@ class GeventModelWorker(base.Worker):
         return self.wsgi.extensions["smserve"]
 
     @property
-    def direct_routes(self) -> dict:
-        return self.wsgi.extensions.get("smserve.direct", {})
+    def routes(self) -> RouteTable:
+        return self.wsgi.extensions["smserve.routes"]
 
     # ------------------------------------------------------------ main loop
 
@@ -414,61 +411,76 @@ class GeventModelWorker(base.Worker):
                 return
 
     def handle_request(self, listener_name, req, sock, addr, parser) -> bool:
-        """Serve one request; True when the connection may carry another."""
+        """Serve one request; True when the connection may carry another. Whatever the
+        answer (the route's, an error before it, the WSGI app's), it is logged once, here."""
         started = time.monotonic()
-        sender = _Sender(sock, self.settings.send_deadline)
+        if req.version > (1, 1):
+            req.version = (1, 1)  # a later HTTP/1.x is answered in the version we speak
         if req.path == websocket.PATH:
-            if len(self.connections) > self.max_connections:
-                # A session holds its connection for as long as the client likes and is
-                # never evicted, so sessions must not take the room /ping needs.
-                self.send_error(sock, 503, f"this worker is at its connection cap ({self.max_connections}, "
-                                           "SMSERVE_MAX_CONNECTIONS): no new WebSocket session; try again later",
-                                {"Retry-After": "1"})
-                access.log_request(access.request_environ(req, addr), 503, 0, started)
-                return False
-            # A WebSocket session takes the connection over until it closes.
-            websocket.serve(self, sock, sender, req, parser.unreader.take_buffered(), addr)
+            return self._open_session(req, sock, addr, parser, started)
+        answered = _Answered()
+        try:
+            return self._serve_request(listener_name, req, sock, addr, parser, answered)
+        finally:
+            access.log_request(answered.environ or access.request_environ(req, addr), answered.status,
+                               answered.sent, started, answered.quiet)
+
+    def _open_session(self, req, sock, addr, parser, started) -> bool:
+        if len(self.connections) > self.max_connections:
+            # A session holds its connection for as long as the client likes and is
+            # never evicted, so sessions must not take the room /ping needs.
+            self.send_error(sock, 503, f"this worker is at its connection cap ({self.max_connections}, "
+                                       "SMSERVE_MAX_CONNECTIONS): no new WebSocket session; try again later",
+                            {"Retry-After": "1"})
+            access.log_request(access.request_environ(req, addr), 503, 0, started)
             return False
+        # A WebSocket session takes the connection over until it closes.
+        sender = _Sender(sock, self.settings.send_deadline)
+        websocket.serve(self, sock, sender, req, parser.unreader.take_buffered(), addr)
+        return False
+
+    def _serve_request(self, listener_name, req, sock, addr, parser, answered: "_Answered") -> bool:
+        sender = _Sender(sock, self.settings.send_deadline)
         try:
             # Before any 100 Continue: a body that will be refused is not invited.
             declared = self._check_head(req)
-        except _ClientError as e:
-            self.send_error(sock, e.status, e.message)
-            access.log_request(access.request_environ(req, addr), e.status, 0, started)
-            return False
-        direct = self.direct_routes.get((req.method, req.path))
-        if direct is not None:
-            # The hot path: answered without building a WSGI environ or werkzeug objects.
-            resp = wsgi.Response(req, sender, self.cfg)
-            environ = access.request_environ(req, addr)
-            if req._expected_100_continue:
-                sender.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-        else:
-            resp, environ = wsgi.create(req, sender, addr, listener_name, self.cfg)
-            environ["wsgi.multithread"] = True
-        try:
+            route, params = self.routes.match(req.method, req.path)
+            if route is not None:
+                # The table's routes are answered without a WSGI environ or werkzeug objects.
+                resp = wsgi.Response(req, sender, self.cfg)
+                if req._expected_100_continue:
+                    sender.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            else:
+                resp, answered.environ = _wsgi_request(req, sender, addr, listener_name, self.cfg)
             body = self._read_body(req, declared)
         except _ClientError as e:
+            answered.status = e.status
             self.send_error(sock, e.status, e.message)
-            access.log_request(environ, e.status, 0, started)
             return False
         self.nr += 1
         if self.nr >= self.max_requests and self.alive:
             self.log.info("Autorestarting worker after current request.")
             gevent.spawn(self.begin_drain)
-        if not self.alive and not (_buffered(parser) or bytes_waiting(sock)):
-            # Shutting down and no further request has arrived: this answer is the last.
+        if _asks_to_close(req) or (not self.alive and not (_buffered(parser) or bytes_waiting(sock))):
+            # The client's last request, or shutting down with no further request
+            # arrived: this answer is the last on the connection.
             resp.force_close()
-        if direct is not None:
-            status, headers, payload = direct(req.method, req.path, _joined_headers(req), body)
-            resp.start_response(f"{status} {_reason(status)}", headers)
+        if route is not None:
+            answer = self.routes.dispatch(route, Request(req.method, req.path, _joined_headers(req), body, params,
+                                                         req.query))
+            answered.quiet = route.quiet
+            headers = answer.headers
+            payload = answer.body
             if isinstance(payload, (bytes, bytearray, memoryview)):
+                headers.append(("Content-Length", str(len(payload))))
                 respiter = [payload]
                 if len(payload) <= SMALL_ANSWER:
                     sender.hold()
             else:
                 respiter = payload
+            resp.start_response(f"{answer.status} {reason(answer.status)}", headers)
         else:
+            environ = answered.environ
             environ["smserve.body"] = body  # the app takes it as it is, without a copy
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
@@ -497,7 +509,7 @@ class GeventModelWorker(base.Worker):
         finally:
             if hasattr(respiter, "close"):
                 respiter.close()
-            access.log_request(environ, resp.status_code or 0, resp.sent, started)
+            answered.status, answered.sent = resp.status_code or 0, resp.sent
         if resp.should_close():
             return False
         # After SIGTERM, a connection goes on only while requests are already waiting.
@@ -560,7 +572,7 @@ class GeventModelWorker(base.Worker):
         """A JSON error answer, then the connection closes."""
         body = json_error_body(message)
         extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-        head = (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n"
+        head = (f"HTTP/1.1 {status} {reason(status)}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
         try:
             with gevent.Timeout(5, False):
@@ -694,11 +706,37 @@ def _joined_headers(req) -> dict[str, str]:
     return headers
 
 
-def _reason(status: int) -> str:
+class _Answered:
+    """What the access line says of a request: filled in as the answer takes shape."""
+
+    __slots__ = ("status", "sent", "quiet", "environ")
+
+    def __init__(self):
+        self.status = 0
+        self.sent = 0
+        self.quiet = False  # a health check: a success is logged at DEBUG
+        self.environ = None  # the WSGI environ, when the app answered
+
+
+def _wsgi_request(req, sender, addr, listener_name, cfg):
+    """gunicorn's response writer and WSGI environ for a request the app answers. A head
+    the environ cannot be built from (a SCRIPT_NAME header that is no prefix of the
+    path, say) is the client's error."""
     try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Error"
+        resp, environ = wsgi.create(req, sender, addr, listener_name, cfg)
+    except Exception as e:  # noqa: BLE001 - gunicorn raises plain exceptions for bad heads
+        raise _ClientError(400, f"malformed request head: {type(e).__name__}: {e}") from None
+    environ["wsgi.multithread"] = True
+    return resp, environ
+
+
+def _asks_to_close(req) -> bool:
+    """`close` among the Connection header's options, in any of its fields (RFC 9112 9.6):
+    gunicorn's own check reads only a first field that is exactly `close`."""
+    for name, value in req.headers:
+        if name == "CONNECTION" and any(option.strip(" \t").lower() == "close" for option in value.split(",")):
+            return True
+    return False
 
 
 def _buffered(parser) -> bool:

@@ -1,0 +1,45 @@
+"""Every route the server answers, declared once: method(s), path pattern, handler.
+
+Adding a route is one line here (its handler takes a routes.table.Request and returns a
+routes.table.Response); both our gunicorn worker and the Flask app serve it.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from smserve.routes import sagemaker
+from smserve.routes.kserve import KServeRoutes
+from smserve.routes.sagemaker import SageMakerRoutes
+from smserve.routes.table import Request, Response, RouteTable, json_response
+from smserve.settings import Settings
+
+
+def build(server, settings: Settings) -> RouteTable:
+    table = RouteTable()
+    sm = SageMakerRoutes(server, settings)
+    table.add(("GET", "POST"), sagemaker.PING, sm.ping, quiet=True)
+    table.add("POST", sagemaker.INVOCATIONS, sm.invocations)
+    table.add("GET", sagemaker.EXECUTION_PARAMETERS, sm.execution_parameters)
+
+    kserve = KServeRoutes(server, settings)
+    table.add("GET", "/v2", kserve.server_metadata)
+    table.add("GET", "/v2/health/live", kserve.live, quiet=True)
+    table.add("GET", "/v2/health/ready", kserve.ready, quiet=True)
+    for model in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        table.add("GET", model, kserve.model_metadata)
+        table.add("GET", model + "/ready", kserve.model_ready)
+        table.add("POST", model + "/infer", kserve.infer)
+
+    table.add("GET", "/", _index(table))
+    return table
+
+
+def _index(table: RouteTable):
+    """GET /: what this server answers, one line of JSON, for a person trying it with curl."""
+
+    def index(request: Request) -> Response:
+        routes = [f"{' '.join(route.methods)} {route.pattern}" for route in table.routes]
+        return json_response(orjson.dumps({"name": "smserve", "routes": routes}))
+
+    return index

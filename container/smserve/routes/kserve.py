@@ -1,0 +1,63 @@
+"""KServe v2 REST, so tritonclient.http.InferenceServerClient works unmodified."""
+
+from __future__ import annotations
+
+import orjson
+
+from smserve import __version__
+from smserve.codecs import v2
+from smserve.core.metadata import ModelMetadata
+from smserve.engine.server import READY
+from smserve.errors import BadRequest, HTTPError, NotFound
+from smserve.protocols import dispatch
+from smserve.routes.sagemaker import request_body
+from smserve.routes.table import Request, Response, json_response
+from smserve.settings import Settings
+
+SERVER_METADATA = orjson.dumps({"name": "smserve", "version": __version__,
+                                "extensions": ["binary_tensor_data", "classification"]})
+
+
+class KServeRoutes:
+    def __init__(self, server, settings: Settings):
+        self.server = server
+        self.settings = settings
+
+    def server_metadata(self, request: Request) -> Response:
+        return json_response(SERVER_METADATA)
+
+    def live(self, request: Request) -> Response:
+        return Response(200)
+
+    def ready(self, request: Request) -> Response:
+        try:
+            self.server.check_all_ready()
+        except HTTPError:
+            return Response(400)
+        return Response(200)
+
+    def model_metadata(self, request: Request) -> Response:
+        return json_response(orjson.dumps(self._metadata(request).to_v2()))
+
+    def model_ready(self, request: Request) -> Response:
+        if self.server.status != READY:
+            raise BadRequest("Model version not ready")
+        self._metadata(request)
+        return Response(200)
+
+    def infer(self, request: Request) -> Response:
+        metadata = self._metadata(request)
+        body = request_body(self.server, self.settings, request)
+        header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
+        inference = self.server.codec(len(body), v2.decode_request, body, header_length, metadata)
+        reply = dispatch.v2_reply(self.server, inference, sagemaker=False)
+        return Response(200, list(reply.headers.items()), reply.body)
+
+    def _metadata(self, request: Request) -> ModelMetadata:
+        model, version = request.params["model"], request.params.get("version")
+        metadata = self.server.metadata
+        if model != metadata.name:
+            raise NotFound(f"Request for unknown model: '{model}' is not found")
+        if version not in (None, "", metadata.version):
+            raise NotFound(f"Request for unknown model: '{model}' version {version} is not found")
+        return metadata

@@ -1,0 +1,49 @@
+"""SageMaker's own routes: the health check, inference, and batch transform's parameters."""
+
+from __future__ import annotations
+
+import orjson
+
+from smserve.codecs import contentcoding
+from smserve.protocols import dispatch
+from smserve.routes.table import Request, Response, json_response
+from smserve.settings import Settings
+
+PING = "/ping"
+INVOCATIONS = "/invocations"
+EXECUTION_PARAMETERS = "/execution-parameters"
+
+_PING_OK = [("Content-Type", "text/plain")]
+
+
+class SageMakerRoutes:
+    def __init__(self, server, settings: Settings):
+        self.server = server
+        self.settings = settings
+
+    def ping(self, request: Request) -> Response:
+        """200 once every worker's model is loaded and warm; 503 while loading; 500 if
+        loading failed. SageMaker pings with GET; a container that takes bidirectional
+        streams must answer POST too."""
+        self.server.check_all_ready()
+        return Response(200, list(_PING_OK), b"")
+
+    def execution_parameters(self, request: Request) -> Response:
+        return json_response(orjson.dumps(self.server.execution_parameters()))
+
+    def invocations(self, request: Request) -> Response:
+        """The protocol is chosen by the protocol table; this route only moves the
+        request in and the reply out."""
+        body = request_body(self.server, self.settings, request)
+        message = dispatch.Message.from_http(body, request.header)
+        reply = dispatch.answer(message, self.server, self.settings)
+        return Response(200, list(reply.headers.items()), reply.body)
+
+
+def request_body(server, settings: Settings, request: Request) -> bytes:
+    """The body as the protocols read it: a gzip or deflate body inflated (within the
+    payload limit), any other body as it came."""
+    coding = request.header("Content-Encoding")
+    if not coding:
+        return request.body
+    return contentcoding.decode(request.body, coding, settings.max_body_bytes, settings.body_limit_setting, server)
