@@ -29,7 +29,7 @@ LOCK := lock/dev$(if $(filter cpu,$(TORCH_VARIANT)),-no-torch).txt
 STAMP := $(VENV)/.installed-$(TORCH_VARIANT)
 UV_VERSION := 0.13.9
 
-.PHONY: help install lock model model-textgen new-model serve test batch-example bench clean
+.PHONY: help install lock model model-textgen new-model serve test test-fast batch-example bench clean
 
 help: ## This list (variables: README "Make targets and variables")
 	@awk -F':[^#]*## ' '/^[a-zA-Z][a-zA-Z0-9_-]*:[^=].*## /{printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -72,8 +72,23 @@ new-model: install ## metadata.json + code/inference.py for the model.pt2/model.
 serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8080) with the image's entrypoint
 	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) $(PY) container/serve serve
 
-test: install model model-textgen ## Unit, integration, deploy (moto) and container tests
-	$(PY) -m pytest
+# The tests on PYTEST_WORKERS processes (pytest-xdist; a file's tests stay in one
+# process, so its servers start once), then the `serial` ones alone, since they time the
+# server. Both parts always run; pytest's exit 5 (none selected) is not a failure.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+define run_tests
+	@status=0; \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not serial" $(1) $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest -m serial $(1) $(PYTEST_ARGS) || { code=$$?; test $$code -eq 5 || status=$$code; }; \
+	exit $$status
+endef
+
+test: install model model-textgen ## Every test: unit, integration, deploy (moto) and container (the image)
+	$(call run_tests,)
+
+test-fast: install model model-textgen ## Every test but the image's (tests/container): the inner loop
+	$(call run_tests,--ignore=tests/container)
 
 batch-example: install model ## The README's local batch transform: build/batch-example/in -> out
 	$(PY) -m local_test.batch_example

@@ -11,6 +11,20 @@ import pytest
 from local_test.server_process import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """For xdist's --dist loadgroup (`make test`): a file's tests run in one worker, so
+    the servers its module fixtures start are started once; every test of the image
+    (tests/container) runs in one worker, so each image is built once."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            path = item.path.relative_to(config.rootpath)
+            group = "container" if path.parts[:2] == ("tests", "container") else path.as_posix()
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def example_model_dir() -> Path:
     if not (EXAMPLE_MODEL / "metadata.json").exists():
@@ -60,12 +74,32 @@ def make_server(tmp_path):
         server.terminate()
 
 
-@pytest.fixture(scope="module")
-def example_server(example_model_dir, tmp_path_factory):
-    """One real gunicorn serving the example model, shared by a test module."""
-    server = ServerProcess(example_model_dir, log_path=tmp_path_factory.mktemp("server") / "server.log")
-    with server.start():
-        yield server
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory):
+    """shared_server(model_dir, env=None) -> a running server for that model folder and
+    environment, started the first time a test asks for it and kept for the session
+    (for each xdist worker): every test asking for the same pair gets the same server.
+    For tests that only send it requests: a test that signals, stops or starves a server,
+    or needs its log to itself, starts its own (make_server)."""
+    servers: dict[tuple, ServerProcess] = {}
+
+    def get(model_dir, env: dict[str, str] | None = None) -> ServerProcess:
+        key = (str(model_dir), tuple(sorted((env or {}).items())))
+        if key not in servers:
+            server = ServerProcess(model_dir, env, log_path=tmp_path_factory.mktemp("shared") / "server.log")
+            servers[key] = server.start()
+        return servers[key]
+
+    yield get
+    for server in servers.values():
+        server.terminate()
+
+
+@pytest.fixture(scope="session")
+def example_server(shared_server, example_model_dir):
+    """One real gunicorn serving the example model with the default settings, shared by
+    the whole session (one per xdist worker)."""
+    return shared_server(example_model_dir)
 
 
 @pytest.fixture

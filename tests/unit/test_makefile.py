@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -77,22 +78,53 @@ def test_a_user_model_never_trains_the_example(tmp_path, target):
     assert "model.train" not in out
 
 
-def test_cpu_install_takes_the_locked_set_and_torch_cpu_without_waiting_on_an_index():
-    out = make("-n", "-B", "install", "TORCH_VARIANT=cpu", "VENV=/tmp/some-venv").replace("\\\n", " ")
-    torch = re.search(r"^torch==(\S+)", (ROOT / "requirements-dev.txt").read_text(), re.MULTILINE).group(1)
-    assert "pip install --require-hashes --no-deps -r lock/dev-no-torch.txt" in out
-    # A local wheel (pip's find-links) first, with no index at all; the CPU index only if that fails.
-    local, _, remote = next(line for line in out.splitlines() if "+cpu" in line).partition("||")
-    assert f'--no-deps --no-index "torch=={torch}+cpu"' in local
-    assert "--index-url https://download.pytorch.org/whl/cpu" in remote
-    assert "--quiet" not in out and " -q " not in out, "pip's progress is shown"
-    assert "pip check" in out
+def fake_venv(tmp_path, local_wheel: bool):
+    """A venv whose python records each call and succeeds, except that a pip install
+    with --no-index fails when no local torch wheel is to be had."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n'
+                      f'case "$*" in *--no-index*) exit {0 if local_wheel else 1};; esac\n')
+    python.chmod(0o755)
+    return venv
 
 
-def test_cuda_install_takes_pypi_torch_from_the_hashed_lock():
-    out = make("-n", "-B", "install", "TORCH_VARIANT=cuda", "VENV=/tmp/some-venv")
-    assert "pip install --require-hashes --no-deps -r lock/dev.txt" in out
-    assert "+cpu" not in out
+def install(tmp_path, variant: str, local_wheel: bool = True) -> tuple[list[str], Path]:
+    venv = fake_venv(tmp_path, local_wheel)
+    make("install", f"TORCH_VARIANT={variant}", f"VENV={venv}")
+    return (venv / "bin" / "calls").read_text().splitlines(), venv
+
+
+def torch_pin() -> str:
+    return re.search(r"^torch==(\S+)", (ROOT / "requirements-dev.txt").read_text(), re.MULTILINE).group(1)
+
+
+@pytest.mark.parametrize("local_wheel", [True, False])
+def test_cpu_install_takes_the_locked_set_and_torch_cpu_without_waiting_on_an_index(tmp_path, local_wheel):
+    calls, venv = install(tmp_path, "cpu", local_wheel)
+    # The hashed lock without torch, then torch's CPU build: from a local wheel (pip's
+    # find-links) with no index at all; only when there is none, from the CPU index.
+    assert calls[0] == "-m pip install --require-hashes --no-deps -r lock/dev-no-torch.txt"
+    assert calls[1] == f"-m pip install --no-deps --no-index torch=={torch_pin()}+cpu"
+    fallback = [c for c in calls if "--index-url" in c]
+    if local_wheel:
+        assert not fallback
+    else:
+        assert fallback == [f"-m pip install --no-deps --index-url https://download.pytorch.org/whl/cpu torch=={torch_pin()}+cpu"]
+    assert not any("--quiet" in c or " -q " in f" {c} " for c in calls), "pip's progress is shown"
+    assert calls[-1] == "-m pip check"
+    assert sorted(p.name for p in venv.glob(".installed-*")) == [".installed-cpu"]
+    # Installed: a second `make install` has nothing to do.
+    (venv / "bin" / "calls").unlink()
+    make("install", "TORCH_VARIANT=cpu", f"VENV={venv}")
+    assert not (venv / "bin" / "calls").exists()
+
+
+def test_cuda_install_takes_pypi_torch_from_the_hashed_lock(tmp_path):
+    calls, venv = install(tmp_path, "cuda")
+    assert calls == ["-m pip install --require-hashes --no-deps -r lock/dev.txt", "-m pip check"]
+    assert sorted(p.name for p in venv.glob(".installed-*")) == [".installed-cuda"]
 
 
 def test_new_model_and_batch_example_run_their_modules(tmp_path):

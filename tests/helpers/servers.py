@@ -1,0 +1,62 @@
+"""Helpers around real server processes (local_test.server_process.ServerProcess):
+starting several side by side, their worker processes, waiting for a state by polling."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Iterable, TypeVar
+
+from local_test.server_process import ServerProcess
+
+T = TypeVar("T")
+
+
+def start_all(servers: Iterable[ServerProcess], timeout: float = 120) -> list[ServerProcess]:
+    """Starts every server, then waits until each is ready: their loads overlap. If one
+    never gets ready, all are stopped before the error propagates."""
+    started: list[ServerProcess] = []
+    try:
+        for server in servers:
+            started.append(server.start(wait=False))
+        for server in started:
+            server.wait_ready(timeout)
+    except BaseException:
+        for server in started:
+            server.terminate(timeout=10)
+        raise
+    return started
+
+
+def worker_pids(server: ServerProcess) -> set[int]:
+    """The gunicorn master's children, from /proc (no psutil)."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: fields follow the last ')'.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == server.proc.pid:
+            pids.add(int(entry))
+    return pids
+
+
+def wait_until(probe: Callable[[], T], timeout: float = 10, interval: float = 0.02) -> T:
+    """probe() once it returns something true, polled every interval; after timeout
+    the last (false) value it returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def ws_url(server: ServerProcess, query: str = "", path: str = "/invocations-bidirectional-stream") -> str:
+    """The server's WebSocket URL for a session."""
+    return server.url.replace("http://", "ws://") + path + (f"?{query}" if query else "")
