@@ -146,6 +146,7 @@ def test_stalled_body_gets_408_and_the_connection_is_freed(make_server, example_
     assert requests.get(server.url + "/ping", timeout=2).status_code == 200
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_thousand_slow_clients_do_not_starve_ping(make_server, example_model_dir):
     # A small cap makes the eviction path run: at the cap, the longest-waiting stalled

@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import pickle
 import socket
 import struct
@@ -30,6 +29,7 @@ import numpy as np
 import pytest
 
 from local_test.server_process import ServerProcess, copy_model
+from tests.helpers.servers import start_all, wait_until, worker_pids
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 IHCL = "Inference-Header-Content-Length"
@@ -149,24 +149,6 @@ def _dechunk(sock, buf: bytes) -> bytes:
 # ---------------------------------------------------------------- server health
 
 
-def worker_pids(server: ServerProcess) -> set[int]:
-    """The gunicorn master's children, from /proc (no psutil)."""
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: fields follow the last ')'.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == server.proc.pid:
-            pids.add(int(entry))
-    return pids
-
-
 def strict_json(data: bytes):
     """json.loads that refuses NaN/Infinity, as every strict parser (and JSON) does."""
 
@@ -196,12 +178,17 @@ class Guard:
         self.log_at = len(server.log())
 
     def still_serving(self) -> None:
+        valid_at = len(self.server.log())
         answer = exchange(self.server.port, self.valid)
         assert answer is not None and answer.status == 200, answer
         self.check(answer)
         assert worker_pids(self.server) == self.pids, "a worker died or was replaced"
         assert self.server.proc.poll() is None
-        time.sleep(0.05)  # the log line of an error is written as the answer leaves
+        # A line is logged as its answer leaves: once the valid request's access line is
+        # there, so is whatever the case before it logged.
+        method, path = self.valid.split(b" ", 2)[:2]
+        access = f'"{method.decode()} {path.decode()}" 200 '
+        wait_until(lambda: access in self.server.log()[valid_at:], timeout=5)
         new_log = self.server.log()[self.log_at:]
         assert self.allow_traceback or "Traceback" not in new_log, new_log[-3000:]
 
@@ -233,10 +220,7 @@ def side_servers(example_model_dir, tmp_path_factory):
         "bytes": ServerProcess(bytes_dir, log_path=base / "bytes.log"),
     }
     try:
-        for server in servers.values():
-            server.start(wait=False)
-        for server in servers.values():
-            server.wait_ready()
+        start_all(servers.values())
         yield servers
     finally:
         for server in servers.values():

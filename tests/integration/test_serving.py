@@ -190,6 +190,7 @@ def predict_fn(data, model):
 '''
 
 
+@pytest.mark.serial
 def test_ping_answers_while_a_cpu_bound_predict_fn_runs(make_server, model_copy, digits):
     server = make_server(model_copy(SLOW_PREDICT))
     x, y = digits

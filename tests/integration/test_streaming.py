@@ -19,64 +19,10 @@ import requests
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+from tests.helpers.models import ECHO_HOOKS, STREAMING_HOOKS, model_dir_with
+from tests.helpers.servers import ws_url
+
 WS_PATH = "/invocations-bidirectional-stream"
-
-# Yields records with a pause between them; records what happened to its generator.
-STREAMING_HOOKS = '''
-import json
-import os
-import time
-
-MARKS = os.environ["STREAM_MARKS"]
-
-
-def model_fn(model_dir):
-    return "words"
-
-
-def input_fn(body, content_type):
-    return json.loads(body)
-
-
-def predict_fn(data, model):
-    try:
-        for i in range(int(data["n"])):
-            if i == data.get("fail_at"):
-                raise RuntimeError("broke at %d" % i)
-            yield {"token": i, "text": "w%d" % i}
-            time.sleep(float(data.get("pause", 0)))
-    finally:
-        with open(os.path.join(MARKS, "closed-%s" % data.get("id", "x")), "w") as f:
-            f.write("closed")
-'''
-
-# A model whose messages say how long to take and whether to fail.
-ECHO_HOOKS = '''
-import json
-import time
-
-import numpy as np
-
-
-def model_fn(model_dir):
-    return "echo"
-
-
-def input_fn(body, content_type):
-    return json.loads(body)
-
-
-def predict_fn(data, model):
-    time.sleep(float(data.get("sleep", 0)))
-    if data.get("fail"):
-        raise RuntimeError("asked to fail")
-    return np.asarray(data["x"], dtype=np.float32) * 2
-'''
-
-
-def ws_url(server, query: str = "") -> str:
-    return server.url.replace("http://", "ws://") + WS_PATH + (f"?{query}" if query else "")
-
 
 def npy(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
@@ -97,13 +43,6 @@ def closed_with(ws, timeout: float = 10) -> tuple[int, str]:
     return caught.value.rcvd.code, caught.value.rcvd.reason
 
 
-def model_dir_with(tmp_path, hooks: str, name: str):
-    folder = tmp_path / name
-    (folder / "code").mkdir(parents=True)
-    (folder / "code" / "inference.py").write_text(hooks)
-    return folder
-
-
 # ---------------------------------------------------------------- response streaming
 
 
@@ -122,6 +61,7 @@ def read_chunks(response) -> list[tuple[float, bytes]]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_each_yielded_item_leaves_as_its_own_chunk_as_soon_as_it_exists(streaming_server):
     started = time.monotonic()
     with requests.post(streaming_server.url + "/invocations", json={"n": 4, "pause": 0.5},
@@ -201,8 +141,8 @@ def test_many_records_in_a_line_format_leave_pass_by_pass(make_server, example_m
 
 
 @pytest.mark.slow
-def test_textgen_streams_its_characters_over_http(make_server, textgen_dir):
-    server = make_server(textgen_dir)
+def test_textgen_streams_its_characters_over_http(textgen_server):
+    server = textgen_server
     with requests.post(server.url + "/invocations", json={"prompt": "The iris", "max_tokens": 40, "seed": 1},
                        headers={"Accept": "text/plain"}, stream=True, timeout=60) as r:
         assert r.status_code == 200
@@ -287,9 +227,16 @@ def test_sessions_batch_together(make_server, example_model_dir, digits):
     assert sizes and max(sizes) > 1, "no forward pass served more than one session's message"
 
 
+@pytest.fixture(scope="module")
+def echo_server(shared_server, tmp_path_factory):
+    """The echo model, shared by the tests that only send it messages."""
+    return shared_server(model_dir_with(tmp_path_factory.mktemp("echo"), ECHO_HOOKS, "echo"))
+
+
 @pytest.mark.slow
-def test_pings_are_answered_while_a_long_inference_runs(make_server, tmp_path):
-    server = make_server(model_dir_with(tmp_path, ECHO_HOOKS, "echo"))
+@pytest.mark.serial
+def test_pings_are_answered_while_a_long_inference_runs(echo_server):
+    server = echo_server
     with ws_connect(ws_url(server)) as ws:
         ws.send(json.dumps({"x": [1.0], "sleep": 3}))
         time.sleep(0.3)
@@ -302,8 +249,8 @@ def test_pings_are_answered_while_a_long_inference_runs(make_server, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_bad_message_gets_an_error_message_and_the_session_goes_on(make_server, tmp_path):
-    server = make_server(model_dir_with(tmp_path, ECHO_HOOKS, "echo"))
+def test_a_bad_message_gets_an_error_message_and_the_session_goes_on(echo_server):
+    server = echo_server
     with ws_connect(ws_url(server)) as ws:
         ws.send("this is not json")
         error = json.loads(ws.recv(timeout=30))
@@ -313,8 +260,8 @@ def test_a_bad_message_gets_an_error_message_and_the_session_goes_on(make_server
 
 
 @pytest.mark.slow
-def test_a_model_that_fails_closes_with_1011_and_the_worker_lives(make_server, tmp_path):
-    server = make_server(model_dir_with(tmp_path, ECHO_HOOKS, "echo"))
+def test_a_model_that_fails_closes_with_1011_and_the_worker_lives(echo_server):
+    server = echo_server
     with ws_connect(ws_url(server)) as ws:
         ws.send(json.dumps({"x": [1.0], "fail": True}))
         code, reason = closed_with(ws)
@@ -368,11 +315,8 @@ def test_sigterm_answers_held_messages_then_closes_every_session_with_1001(make_
 
 
 @pytest.fixture(scope="module")
-def textgen_server(textgen_dir, tmp_path_factory):
-    from local_test.server_process import ServerProcess
-
-    with ServerProcess(textgen_dir, log_path=tmp_path_factory.mktemp("textgen") / "server.log") as server:
-        yield server
+def textgen_server(shared_server, textgen_dir):
+    return shared_server(textgen_dir)
 
 
 def generate(ws, prompt: str) -> list[str]:

@@ -13,7 +13,7 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 
-from tests.integration.test_hostile import worker_pids
+from tests.helpers.servers import worker_pids
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",

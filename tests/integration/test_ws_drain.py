@@ -18,31 +18,13 @@ import time
 
 import pytest
 
-from tests.integration.test_streaming import model_dir_with
+from tests.helpers.models import echo_hooks, model_dir_with
 from tests.integration.ws_raw import TEXT, Conn, handshake, text
 
 pytestmark = pytest.mark.slow
 
 # Each message: {"x": [i], "sleep": s, "pad": "..."}, answered {"predictions": [i]}.
-ECHO_HOOKS = '''
-import json
-import time
-
-import numpy as np
-
-
-def model_fn(model_dir):
-    return "echo"
-
-
-def input_fn(body, content_type):
-    return json.loads(body)
-
-
-def predict_fn(data, model):
-    time.sleep(float(data.get("sleep", 0)))
-    return np.asarray(data["x"], dtype=np.float32)
-'''
+ECHO_HOOKS = echo_hooks(times=1)
 
 # The same model with a stream_fn for its sessions (POST /invocations still echoes).
 STREAM_FN_HOOKS = ECHO_HOOKS + '''

@@ -11,7 +11,8 @@ import pytest
 import requests
 from websockets.sync.client import connect as ws_connect
 
-from tests.integration.test_streaming import model_dir_with, ws_url
+from tests.helpers.models import model_dir_with
+from tests.helpers.servers import ws_url
 from tests.integration.ws_raw import CONT, TEXT, Conn, text
 
 pytestmark = pytest.mark.slow
