@@ -138,3 +138,36 @@ def wait_with_progress(waiter, describe, label: str, status_key: str, poll_secon
             raise DeployError(f"{label} is still {status} after {elapsed:.0f}s; check it later or raise --max-wait")
         time.sleep(poll_seconds)
 
+
+
+def wait_until(client, waiter, operation: str, label: str, status_key: str, poll_seconds: float, max_wait_seconds: float, **key):
+    """wait_with_progress for a resource named by `key`, described by the client's `operation`.
+
+    `waiter` is a waiter name of the client's own, or a botocore Waiter built here for
+    resources botocore ships none for (inference components). Returns the last
+    description, None once a resource waited out of existence is gone.
+    """
+    if isinstance(waiter, str):
+        waiter = client.get_waiter(waiter)
+    return wait_with_progress(waiter, lambda: describe(getattr(client, operation), **key), label, status_key, poll_seconds, max_wait_seconds, **key)
+
+
+def describe(operation, **kwargs) -> dict | None:
+    """The description, or None when the resource does not exist."""
+    try:
+        return operation(**kwargs)
+    except ClientError as error:
+        if is_not_found(error):
+            return None
+        raise
+
+
+def delete(operation, **kwargs) -> bool:
+    """True when something was deleted, False when it was already gone."""
+    try:
+        operation(**kwargs)
+        return True
+    except ClientError as error:
+        if is_not_found(error):
+            return False
+        raise

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 from botocore.exceptions import ClientError
 
 from deploy.aws import Aws, DeployError, error_code, say
-from deploy.endpoint import check_manifest_type
+from deploy.model import check_manifest_type
 
 
 @dataclass(frozen=True)

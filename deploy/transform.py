@@ -7,8 +7,8 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
-from deploy.aws import Aws, DeployError, say, wait_with_progress
-from deploy.endpoint import _describe, is_gpu_instance
+from deploy.aws import Aws, DeployError, describe, say, wait_until
+from deploy.endpoint import is_gpu_instance
 
 # The newest batch AMI the API documents (NVIDIA driver 535, CUDA 12.2); 470 is CUDA 11.
 # The default image's torch is PyPI's CUDA 13.0 build, which needs driver >= 580, so on
@@ -120,9 +120,9 @@ def transform(aws: Aws, spec: TransformSpec, job_name: str | None, wait: bool, p
     request = spec.request(job_name)  # checks the arguments before anything is created
     if is_gpu_instance(spec.instance_type):
         say(GPU_TRANSFORM_WARNING)
-    existing = _describe(sagemaker.describe_transform_job, TransformJobName=job_name)
+    existing = describe(sagemaker.describe_transform_job, TransformJobName=job_name)
     if existing is None:
-        if _describe(sagemaker.describe_model, ModelName=spec.model_name) is None:
+        if describe(sagemaker.describe_model, ModelName=spec.model_name) is None:
             raise DeployError(f"model {spec.model_name} does not exist; run create-model first")
         say(f"creating transform job {job_name}")
         sagemaker.create_transform_job(**request)
@@ -144,12 +144,5 @@ def transform(aws: Aws, spec: TransformSpec, job_name: str | None, wait: bool, p
 
 
 def _wait(sagemaker, job_name: str, poll_seconds: float, max_wait_seconds: float) -> dict:
-    return wait_with_progress(
-        sagemaker.get_waiter("transform_job_completed_or_stopped"),
-        lambda: sagemaker.describe_transform_job(TransformJobName=job_name),
-        f"transform job {job_name}",
-        "TransformJobStatus",
-        poll_seconds,
-        max_wait_seconds,
-        TransformJobName=job_name,
-    )
+    return wait_until(sagemaker, "transform_job_completed_or_stopped", "describe_transform_job", f"transform job {job_name}", "TransformJobStatus",
+                      poll_seconds, max_wait_seconds, TransformJobName=job_name)
