@@ -1,4 +1,5 @@
-r"""Throughput side by side: our server against a bare Flask handler and PyTriton (issue 11).
+r"""Throughput side by side: our server against a raw handler (the ceiling), a bare Flask
+handler and PyTriton.
 
     .venv/bin/python bench/bench_peers.py [--scenario protocols|compute|cores] [--seconds 8]
         [--rounds 2] [--pin] [--no-triton] [--pytriton-python /tmp/pytriton_venv/bin/python]
@@ -7,8 +8,8 @@ r"""Throughput side by side: our server against a bare Flask handler and PyTrito
 Scenarios (each prints one table):
   protocols (default)  the rows below, at batch 1 and 256, concurrency 16;
   compute              a compute-bound MLP 64->3072->3072->16 at batch 1, concurrency 64: ours
-                       with dynamic batching, ours without (SMSERVE_MAX_BATCH_SIZE=1), the bare
-                       handler, PyTriton's dynamic batcher;
+                       with dynamic batching, ours without (SMSERVE_MAX_BATCH_SIZE=1), the
+                       ceiling, the bare handler, PyTriton's dynamic batcher;
   cores                batch 1 at concurrency 32: ours with 1 worker pinned to core 0 (hey on
                        core 1) against ours with 2 workers on both cores, the bare handler with
                        2 workers and PyTriton, unpinned. The "req/cpu-s" column (requests per
@@ -17,14 +18,16 @@ Scenarios (each prints one table):
                        hey cannot show in req/s alone.
 
 Builds one TorchScript MLP (64->256->16, torch.jit.trace) into a temporary model dir
-and serves it, all at once, from
+and serves it, all at once, from (the peers are the files in bench/peers/)
   - our server (container/serve: gunicorn, our gevent worker, one worker, one torch
     thread), asked in three protocols: application/x-npy in and out, application/json
     ({"instances": [...]}), and KServe v2 binary (/v2/models/mlp/infer with
     Inference-Header-Content-Length);
-  - a bare peer: the 20-line Flask app below under gunicorn's stock gevent worker
-    (`-k gevent`, one worker), np.load -> model under torch.no_grad -> np.save; no
-    batching, no checks: the ceiling of a Python WSGI stack;
+  - the ceiling (raw_asyncio.py): an asyncio.Protocol that reads the Content-Length and
+    the body, np.load -> model under torch.no_grad -> np.save, one write; no checks, no
+    batching: the least a Python server does per request. "vs ceiling" is ours / it;
+  - a bare peer (flask_app.py): a Flask app under gunicorn's stock gevent worker
+    (`-k gevent`, one worker), the same np.load -> model -> np.save: a Python WSGI stack;
   - PyTriton (Triton's C++ HTTP front end, Python model, default dynamic batcher), v2
     binary, when nvidia-pytriton is importable and starts (--no-triton skips it). It
     pins numpy<2 (the lock has numpy 2), so keep it out of the project's venv: a venv of
@@ -41,31 +44,29 @@ the load and its answer compared with the model's own (a wrong answer is printed
 hidden). Then `hey` (apt-get install hey) drives each case at concurrency 16 for
 --seconds, interleaved round by round (A, B, C, ..., A, B, C, ...) so that noise on a
 shared machine hits all of them alike; each round's req/s is kept to show the spread.
---pin pins every server to core 0 and hey to core 1 (the method of issue 11).
+--pin pins every server to core 0 and hey to core 1, so that the load generator does not
+take the server's core.
 --baseline REF (protocols scenario) also serves our server as it was at git commit REF
 (`git archive REF container`, run with this venv), in the same three protocols and
 interleaved with the rest, and adds a "vs REF" column: before/after ratios measured in one
-run on one machine. 622586f is the code issue 11's figures were measured on.
+run on one machine.
 
 Prints one table: req/s, p50/p99 latency, non-200 answers (and connection errors), our
 server's /ping p99 under that load (a GET every 50 ms on a kept-alive connection, as
-SageMaker's health check), and the ratio to the bare Flask peer and to PyTriton. It
-asserts nothing about speed.
+SageMaker's health check), and the ratio to the ceiling, the bare Flask peer and PyTriton.
+It asserts nothing about speed; measured figures are in docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -75,69 +76,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from local_test.server_process import ServerProcess, free_port  # noqa: E402
+from local_test.server_process import ServerProcess  # noqa: E402
 
-from _harness import Pinger, pct, run_hey  # noqa: E402
+from _harness import Pinger, run_hey  # noqa: E402
+from _peers_report import report  # noqa: E402
+from _peer_servers import pinned, pytriton_importable, start_ceiling, start_peer, start_triton, triton_env  # noqa: E402
 
 MODEL_NAME, IN_NAME, OUT_NAME = "mlp", "x", "y"
 IN_DIM, HIDDEN, OUT_DIM, MAX_BATCH = 64, 256, 16, 256
 IHCL = "Inference-Header-Content-Length"
 PING_PERIOD_S = 0.05
 NPY = "application/x-npy"
-
-PEER_APP = '''\
-import io, os
-import numpy as np, torch
-from flask import Flask, request, Response
-
-torch.set_num_threads(1)
-model = torch.jit.load(os.path.join(os.environ["PEER_MODEL_DIR"], "model.pt")).eval()
-app = Flask(__name__)
-
-
-@app.get("/ping")
-def ping():
-    return ""
-
-
-@app.post("/invocations")
-def invocations():
-    x = np.load(io.BytesIO(request.get_data()), allow_pickle=False)
-    with torch.no_grad():
-        y = model(torch.from_numpy(x)).numpy()
-    out = io.BytesIO()
-    np.save(out, y)
-    return Response(out.getvalue(), mimetype="application/x-npy")
-'''
-
-TRITON_APP = '''\
-import os, sys
-import numpy as np, torch
-from pytriton.decorators import batch
-from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
-
-torch.set_num_threads(1)
-model = torch.jit.load(os.path.join(os.environ["PEER_MODEL_DIR"], "model.pt")).eval()
-
-
-@batch
-def infer(x):
-    with torch.no_grad():
-        return {"y": model(torch.from_numpy(x)).numpy()}
-
-
-http_port, grpc_port, metrics_port = (int(p) for p in sys.argv[1:4])
-config = TritonConfig(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                      http_address="127.0.0.1", grpc_address="127.0.0.1")
-with Triton(config=config) as triton:
-    triton.bind(model_name="mlp", infer_func=infer,
-                inputs=[Tensor(name="x", dtype=np.float32, shape=(-1,))],
-                outputs=[Tensor(name="y", dtype=np.float32, shape=(-1,))],
-                config=ModelConfig(max_batch_size=256, batcher=DynamicBatcher()))
-    triton.serve()
-'''
-
 
 # ---------------------------------------------------------------- the model
 
@@ -277,153 +226,6 @@ def hey(case: Case, seconds: float, concurrency: int, workdir: Path, pin: bool) 
             "pings": pinger.latencies, "ping_failures": pinger.failures}
 
 
-# ---------------------------------------------------------------- servers
-
-
-@contextlib.contextmanager
-def pinned(core: int | None):
-    """Processes started inside inherit this CPU set (and pass it to their children)."""
-    if core is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {core})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-class PeerProcess:
-    """A plain command serving HTTP on a port; ready when `ready_path` answers 200."""
-
-    def __init__(self, cmd: list[str], env: dict, url: str, ready_path: str, log_path: Path, cwd: Path):
-        self.cmd, self.env, self.cwd = cmd, env, cwd
-        self.url, self.ready_path, self.log_path = url, ready_path, log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 120) -> "PeerProcess":
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.terminate()
-                raise RuntimeError(f"{self.cmd[0]} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            try:
-                if requests.get(self.url + self.ready_path, timeout=2).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.3)
-        self.terminate()
-        raise TimeoutError(f"not ready in {timeout}s:\n{self.log()[-3000:]}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def terminate(self) -> None:
-        """SIGTERM, then SIGKILL to its whole group (tritonserver, gunicorn's worker), even
-        when the leader has already exited."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(20)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, 9)
-        self.proc.wait()
-
-
-def one_thread_env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def start_peer(model_dir: Path, work: Path, workers: int = 1, label: str = "flask") -> PeerProcess:
-    (work / "peer_app.py").write_text(PEER_APP)
-    port = free_port()
-    gunicorn = str(Path(sys.executable).with_name("gunicorn"))
-    return PeerProcess([gunicorn, "-k", "gevent", "-w", str(workers), "-b", f"127.0.0.1:{port}", "peer_app:app"],
-                       {**one_thread_env(), "PEER_MODEL_DIR": str(model_dir)}, f"http://127.0.0.1:{port}",
-                       "/ping", work / f"{label}.log", work).start()
-
-
-def triton_env() -> dict:
-    """PyTriton's Triton binary links libpython: the interpreter's LIBDIR goes on the path."""
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    return {**one_thread_env(),
-            "LD_LIBRARY_PATH": os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if p)}
-
-
-def pytriton_importable(python: str, env: dict) -> bool:
-    return subprocess.run([python, "-c", "import pytriton.triton, torch"], env=env, capture_output=True).returncode == 0
-
-
-def start_triton(python: str, model_dir: Path, work: Path, env: dict, label: str = "pytriton") -> PeerProcess:
-    (work / "triton_app.py").write_text(TRITON_APP)
-    ports = [free_port() for _ in range(3)]
-    env = {**env, "PEER_MODEL_DIR": str(model_dir)}
-    return PeerProcess([python, str(work / "triton_app.py"), *map(str, ports)], env, f"http://127.0.0.1:{ports[0]}",
-                       f"/v2/models/{MODEL_NAME}/ready", work / f"{label}.log", work).start(180)
-
-
-# ---------------------------------------------------------------- report
-
-
-def summary(case: Case) -> dict:
-    """req/s over all rounds; p50: the median round's; p99: the worst round's; req per
-    CPU-second of the server's processes (how well its work scales with cores)."""
-    n = sum(r["n"] for r in case.rounds)
-    elapsed = sum(r["elapsed"] for r in case.rounds)
-    cpu = sum(r["cpu"] for r in case.rounds)
-    return {"rps": n / elapsed if elapsed else float("nan"),
-            "rounds": [r["n"] / r["elapsed"] for r in case.rounds],
-            "p50": float(np.median([r["p50"] for r in case.rounds])) if case.rounds else float("nan"),
-            "p99": max((r["p99"] for r in case.rounds), default=float("nan")),
-            "per_cpu": n / cpu if cpu and cpu == cpu else float("nan"),
-            "cores_busy": cpu / elapsed if elapsed else float("nan"),
-            "non200": sum(r["non200"] for r in case.rounds), "errors": sum(r["errors"] for r in case.rounds),
-            "ping_p99": pct([ms for r in case.rounds for ms in r["pings"]], 99),
-            "ping_failures": sum(r["ping_failures"] for r in case.rounds)}
-
-
-def ratio(a: float, b: float | None) -> str:
-    return f"{a / b:5.2f}x" if b else "    -"
-
-
-def report(cases: list[Case], args, title: str, notes: list[str], baselines: dict[str, tuple]) -> None:
-    """One table; `baselines` names the columns of ratios: title -> (server, protocol), a
-    protocol of None meaning each row's own (the same server at an earlier commit)."""
-    print()
-    print(title)
-    for note in notes:
-        print(note)
-    stats = {(c.server, c.protocol, c.batch): summary(c) for c in cases}
-    width = max([len("server, protocol")] + [len(c.label) for c in cases])
-    header = (f"{'server, protocol':{width}} {'batch':>5} {'req/s':>7} {'per round':>15} {'p50 ms':>7} {'p99 ms':>7} "
-              f"{'cores':>5} {'req/cpu-s':>9} {'non-200':>8} {'ping p99':>8} "
-              + " ".join(f"{'vs ' + name:>10}" for name in baselines) + "  answer")
-    print(header)
-    print("-" * len(header))
-    for c in cases:
-        s = stats[(c.server, c.protocol, c.batch)]
-        per_round = "/".join(f"{v:.0f}" for v in s["rounds"])
-        bad = f"{s['non200']}" + (f"+{s['errors']}e" if s["errors"] else "")
-        vs = " ".join(f"{ratio(s['rps'], stats.get((server, protocol or c.protocol, c.batch), {}).get('rps')):>10}"
-                      for server, protocol in baselines.values())
-        ping = "-" if s["ping_p99"] != s["ping_p99"] else f"{s['ping_p99']:.0f}" + (
-            f"+{s['ping_failures']}f" if s["ping_failures"] else "")
-        print(f"{c.label:{width}} {c.batch:5} {s['rps']:7.0f} {per_round:>15} {s['p50']:7.1f} {s['p99']:7.1f} "
-              f"{s['cores_busy']:5.2f} {s['per_cpu']:9.0f} {bad:>8} {ping:>8} {vs}  {c.correct}")
-    print("req/s: all rounds together; per round: each round's req/s; p50: the median round's, p99: the worst "
-          "round's;\ncores: the server's CPU-seconds per second (all its processes); req/cpu-s: requests per "
-          "CPU-second of the server;\nnon-200: answers that were not 200 (+Ne: connection errors); ping p99: our "
-          f"server's /ping, GET every {PING_PERIOD_S * 1000:.0f} ms during the load, all rounds (+Nf: not 200 within "
-          "2 s);\nvs X: req/s over X's at the same batch; answer: the check before the load.")
-
-
 # ---------------------------------------------------------------- servers of a scenario
 
 
@@ -454,6 +256,12 @@ class Bench:
               hey_core: int | None = None) -> None:
         with pinned(core):
             peer = start_peer(self.model_dir, self.work, workers, label)
+        self.started.append(peer)
+        self._add(cases_for(label, peer.url, ["npy"], x), peer.proc.pid, hey_core)
+
+    def ceiling(self, label: str, x: dict, *, core: int | None = None, hey_core: int | None = None) -> None:
+        with pinned(core):
+            peer = start_ceiling(self.model_dir, self.work, label)
         self.started.append(peer)
         self._add(cases_for(label, peer.url, ["npy"], x), peer.proc.pid, hey_core)
 
@@ -521,21 +329,22 @@ def protocols_scenario(args, work: Path) -> None:
     x, expected = inputs_and_answers(build_model(model_dir), (1, MAX_BATCH))
     core = 0 if args.pin else None
     concurrency = args.concurrency or 16
-    baselines = {"flask": ("flask", "npy"), "triton": ("pytriton", "v2 binary")}
+    baselines = {"ceiling": ("ceiling", "npy"), "flask": ("flask", "npy"), "triton": ("pytriton", "v2 binary")}
     with Bench(args, work, model_dir) as bench:
         bench.ours("ours", ["npy", "json", "v2 binary"], x, core=core)
         if args.baseline:
             label = f"ours@{args.baseline}"
             bench.ours(label, ["npy", "json", "v2 binary"], x, core=core, serve=checkout(args.baseline, work))
             baselines = {args.baseline[:10]: (label, None), **baselines}
+        bench.ceiling("ceiling", x, core=core)
         bench.flask("flask", x, core=core)
         bench.triton("pytriton", x, core=core)
         bench.run(expected, concurrency)
-    report(bench.cases, args,
+    report(bench.cases,
            f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM} TorchScript, one worker and one torch thread per server; hey -c "
            f"{concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
            f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; our log level {args.log_level}",
-           bench.notes, baselines)
+           bench.notes, baselines, PING_PERIOD_S)
 
 
 def checkout(ref: str, work: Path) -> Path:
@@ -559,16 +368,18 @@ def compute_scenario(args, work: Path) -> None:
     with Bench(args, work, model_dir) as bench:
         bench.ours("ours, batching", ["v2 binary"], x, core=core)
         bench.ours("ours, no batching", ["v2 binary"], x, core=core, env={"SMSERVE_MAX_BATCH_SIZE": "1"})
+        bench.ceiling("ceiling", x, core=core)
         bench.flask("flask", x, core=core)
         bench.triton("pytriton", x, core=core)
         bench.run(expected, concurrency)
-    report(bench.cases, args,
+    report(bench.cases,
            f"MLP {IN_DIM}->{'->'.join(map(str, hidden))}->{OUT_DIM} TorchScript (compute-bound), one worker and one "
            f"torch thread per server; hey -c {concurrency}, {args.seconds:g}s x {args.rounds} rounds; "
            f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}",
            bench.notes + ["ours, batching: max batch 256, no added delay (a pass takes what queued while the last "
                           "one ran); PyTriton: default DynamicBatcher, max_batch_size 256"],
-           {"no batch": ("ours, no batching", "v2 binary"), "triton": ("pytriton", "v2 binary")})
+           {"no batch": ("ours, no batching", "v2 binary"), "ceiling": ("ceiling", "npy"),
+            "triton": ("pytriton", "v2 binary")}, PING_PERIOD_S)
 
 
 def cores_scenario(args, work: Path) -> None:
@@ -584,12 +395,12 @@ def cores_scenario(args, work: Path) -> None:
         bench.flask("flask, 2 workers, 2 cores", x, workers=2)
         bench.triton("pytriton, 2 cores", x)
         bench.run(expected, concurrency)
-    report(bench.cases, args,
+    report(bench.cases,
            f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM}, batch 1, one torch thread per worker; hey -c {concurrency}, "
            f"{args.seconds:g}s x {args.rounds} rounds. '1 worker, core 0': server pinned to core 0, hey to core 1; "
            "the rest unpinned (hey shares the two cores with the server)",
            bench.notes, {"1 core": ("ours, 1 worker, core 0", "v2 binary"),
-                         "triton": ("pytriton, 2 cores", "v2 binary")})
+                         "triton": ("pytriton, 2 cores", "v2 binary")}, PING_PERIOD_S)
 
 
 # ---------------------------------------------------------------- main
@@ -616,7 +427,7 @@ def main() -> None:
                              "this one); the module docstring says how to make one")
     parser.add_argument("--baseline", metavar="GIT-REF",
                         help="protocols scenario: also serve our server as it was at this commit, and add a "
-                             "'vs REF' column (622586f: the code issue 11 measured)")
+                             "'vs REF' column")
     parser.add_argument("--log-level", default="warning",
                         help="our server's SMSERVE_LOG_LEVEL (info writes an access line per request)")
     args = parser.parse_args()

@@ -1,4 +1,5 @@
-"""The real server as a subprocess (`container/serve serve` on a free port), for tests and benchmarks."""
+"""The real server as a subprocess (`container/serve serve` on a free port), for tests and
+benchmarks; HTTPProcess, which it is, also runs the benchmarks' peer servers."""
 
 from __future__ import annotations
 
@@ -24,37 +25,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServerProcess:
-    """`container/serve serve` as a subprocess: the real gunicorn, on a free port."""
+class HTTPProcess:
+    """A command serving HTTP on a port, as a subprocess; ready once `ready_path` answers
+    200. Its own session, so the whole tree (gunicorn and its workers, tritonserver
+    under PyTriton) is stopped as one group."""
 
-    def __init__(self, model_dir: Path | str, env: dict[str, str] | None = None, log_path: Path | None = None,
-                 serve: Path | None = None):
-        """serve: another checkout's container/serve (a benchmark's earlier version)."""
-        self.serve = serve or SERVE
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "SM_MODEL_DIR": str(model_dir),
-            "SAGEMAKER_BIND_TO_PORT": str(self.port),
-            "SAGEMAKER_MODEL_SERVER_WORKERS": "1",
-            "SMSERVE_TORCH_THREADS": "1",
-            **(env or {}),
-        }
-        self.log_path = log_path
+    def __init__(self, cmd: list[str], env: dict[str, str], url: str, ready_path: str = "/ping",
+                 log_path: Path | None = None, cwd: Path | None = None):
+        self.cmd, self.env, self.cwd = cmd, env, cwd
+        self.url, self.ready_path, self.log_path = url, ready_path, log_path
         self.proc: subprocess.Popen | None = None
         self._group_killed = False
 
-    def start(self, wait: bool = True, timeout: float = 120) -> "ServerProcess":
-        """Starts the server and, with wait, returns once /ping is 200. If it never
-        gets there (it exits, hangs, or anything raises, Ctrl-C included), the server
-        is stopped before the error propagates: a caller never owns a half-started one."""
+    def start(self, wait: bool = True, timeout: float = 120) -> "HTTPProcess":
+        """Starts the command and, with wait, returns once it is ready. If it never
+        gets there (it exits, hangs, or anything raises, Ctrl-C included), it is
+        stopped before the error propagates: a caller never owns a half-started one."""
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         try:
-            # Its own session, so the whole tree (gunicorn and its workers) can be
-            # killed as one group if SIGTERM is not enough.
-            self.proc = subprocess.Popen([sys.executable, str(self.serve), "serve"], env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()  # the child holds its own copy
@@ -72,7 +62,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if requests.get(self.url + "/ping", timeout=2).status_code == 200:
+                if requests.get(self.url + self.ready_path, timeout=2).status_code == 200:
                     return
             except requests.RequestException:
                 # Not listening yet, or too busy loading to answer within 2 s: both
@@ -103,11 +93,29 @@ class ServerProcess:
                 pass
         return code if code is not None else self.proc.wait()
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> "HTTPProcess":
         return self if self.proc else self.start()
 
     def __exit__(self, *exc) -> None:
         self.terminate()
+
+
+class ServerProcess(HTTPProcess):
+    """`container/serve serve` as a subprocess: the real gunicorn, on a free port."""
+
+    def __init__(self, model_dir: Path | str, env: dict[str, str] | None = None, log_path: Path | None = None,
+                 serve: Path | None = None):
+        """serve: another checkout's container/serve (a benchmark's earlier version)."""
+        self.serve = serve or SERVE
+        self.port = free_port()
+        super().__init__([sys.executable, str(self.serve), "serve"], {
+            **os.environ,
+            "SM_MODEL_DIR": str(model_dir),
+            "SAGEMAKER_BIND_TO_PORT": str(self.port),
+            "SAGEMAKER_MODEL_SERVER_WORKERS": "1",
+            "SMSERVE_TORCH_THREADS": "1",
+            **(env or {}),
+        }, f"http://127.0.0.1:{self.port}", "/ping", log_path)
 
 
 def copy_model(src: Path, dst: Path, inference_py: str | None = None) -> Path:
