@@ -8,7 +8,7 @@ body once). JSON is shown for scale: it is the slow path the binary extension av
 The second table is a realistic application/json batch (--batch records of 64 floats,
 an FP32 input, answers of 16 floats a record, issue 11): simple.decode beside the
 orjson route (orjson.loads, then a conversion of the parsed lists), beside simdjson's
-reader that the fast path now uses (records._c_doubles: C doubles, no Python float per
+reader that the fast path now uses (jsondoc.c_doubles: C doubles, no Python float per
 number) and beside the record-by-record path every JSON body took before numeric
 records got a fast path.
 
@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import orjson  # noqa: E402
 
 from smserve.codecs import records, simple, v2  # noqa: E402
+from smserve.codecs.records import jsondoc  # noqa: E402
 from smserve.core.metadata import ModelMetadata, TensorSpec  # noqa: E402
 
 MODEL = ModelMetadata(
@@ -87,7 +88,7 @@ def simple_json_table(batch: int, repeat: int) -> None:
     rows = orjson.loads(body)["instances"]
     # Sanity: the fast path is taken and gives what the record-by-record path gives.
     assert isinstance(simple.parse_json(body)["instances"], np.ndarray)
-    assert records._c_doubles(body, body.index(b"["), "instances") is not None  # simdjson's reader takes it
+    assert jsondoc.c_doubles(body, body.index(b"["), "instances") is not None  # simdjson's reader takes it
     fast = simple.decode(body, simple.JSON, metadata)["x"]
     assert fast.dtype == np.float32 and np.array_equal(fast, x)
     assert np.array_equal(simple.decode_json(records.parse(body), metadata)["x"], x)
@@ -97,9 +98,9 @@ def simple_json_table(batch: int, repeat: int) -> None:
     times = [
         ("orjson.loads (parse alone)", loads),
         ("np.array(rows, float64) (conversion alone)", best(lambda: np.array(rows, dtype=np.float64), repeat)),
-        ("records._float64 (orjson route's conversion)", best(lambda: records._float64(rows), repeat)),
-        ("records._c_doubles (simdjson: parse + convert)",
-         best(lambda: records._c_doubles(body, body.index(b"["), "instances"), repeat)),
+        ("jsondoc.float64_records (orjson route's conversion)", best(lambda: jsondoc.float64_records(rows), repeat)),
+        ("jsondoc.c_doubles (simdjson: parse + convert)",
+         best(lambda: jsondoc.c_doubles(body, body.index(b"["), "instances"), repeat)),
         ("simple.decode (numeric fast path)", best(lambda: simple.decode(body, simple.JSON, metadata), repeat)),
         ("record-by-record path (parse, check, convert)",
          best(lambda: simple.decode_json(records.parse(body), metadata), repeat)),

@@ -11,8 +11,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from smserve.codecs.media import MEDIA_TYPES
+
 DEFAULT_MODEL_DIR = "/opt/ml/model"
-MEDIA_TYPES = ("application/json", "text/csv", "application/jsonlines", "application/x-npy")
 BATCH_STRATEGIES = ("SINGLE_RECORD", "MULTI_RECORD")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

@@ -5,6 +5,7 @@ nothing); any other JSON body goes through the server's codec step, once."""
 import orjson
 import pytest
 
+from smserve.codecs.records import jsondoc
 from smserve.protocols import dispatch as protocols
 from smserve.errors import BadRequest
 from smserve.core.metadata import ModelMetadata, TensorSpec
@@ -20,11 +21,13 @@ class _Server:
     metadata = MODEL
     uses_byte_hooks = has_input_fn = streams = False
 
-    def __init__(self):
+    def __init__(self, body: bytes):
+        self.body = body
         self.codec_steps = []
 
     def codec(self, size, fn, *args):
-        self.codec_steps.append(fn.__name__)
+        # A step handed the request's body decodes it; any other step encodes an answer.
+        self.codec_steps.append("decode" if any(a is self.body for a in args) else "encode")
         return fn(*args)
 
     def check_ready(self):
@@ -38,7 +41,7 @@ class _Server:
 
 
 def _answer(body: bytes):
-    server = _Server()
+    server = _Server(body)
     message = protocols.Message(body=body, content_type="application/json", accept="application/json")
     reply = protocols.answer(message, server, Settings())
     return orjson.loads(reply.body), server.codec_steps
@@ -47,7 +50,7 @@ def _answer(body: bytes):
 def test_flat_records_are_decoded_without_a_codec_step():
     answer, steps = _answer(b'{"instances": [[1, 2], [3.5, 4]]}')
     assert answer == {"predictions": [[2.0, 4.0], [7.0, 8.0]]}
-    assert "_decode_json" not in steps
+    assert "decode" not in steps
 
 
 def test_other_json_takes_one_codec_step_and_one_c_read(monkeypatch):
@@ -55,21 +58,21 @@ def test_other_json_takes_one_codec_step_and_one_c_read(monkeypatch):
     step by orjson's path, and the C reader is not run a second time there."""
     flat, _ = _answer(b"[[1, 2], [3, 4]]")
     calls = []
-    real = protocols.records._c_doubles
-    monkeypatch.setattr(protocols.records, "_c_doubles", lambda *a: calls.append(a) or real(*a))
+    real = jsondoc.c_doubles
+    monkeypatch.setattr(jsondoc, "c_doubles", lambda *a: calls.append(a) or real(*a))
     answer, steps = _answer(b'{"instances": [[1, 2], [3, 4]], "parameters": {}}')
     assert answer == flat
-    assert steps.count("_decode_json") == 1
+    assert steps.count("decode") == 1
     assert len(calls) == 1
 
 
 def test_a_v2_json_request_takes_the_codec_step():
     body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]})
-    server = _Server()
+    server = _Server(body)
     reply = protocols.answer(protocols.Message(body=body, content_type="application/json"), server, Settings())
     answer = orjson.loads(reply.body)
     assert answer["outputs"][0]["name"] == "y" and answer["outputs"][0]["data"] == [2.0, 4.0]
-    assert server.codec_steps[0] == "_decode_json"
+    assert server.codec_steps == ["decode", "encode"]
 
 
 def test_bad_flat_json_still_names_its_error():

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from smserve.codecs import records, simple, v2
+from smserve.codecs.records import jsondoc
 from smserve.errors import BadRequest, NotAcceptable
 from smserve.core.metadata import ModelMetadata, TensorSpec
 
@@ -643,10 +644,10 @@ def test_flat_numeric_records_are_read_into_c_doubles(array, key, space):
     listed = array.tolist()
     text = json.dumps(listed if key is None else {key: listed}, separators=("," + space, ":" + space)).encode()
     opening = text.index(b"[")
-    got = records._c_doubles(text, opening, key)
+    got = jsondoc.c_doubles(text, opening, key)
     assert got is not None, text[:80]
     parsed = orjson.loads(text)
-    expected = records._float64(parsed if key is None else parsed[key])
+    expected = jsondoc.float64_records(parsed if key is None else parsed[key])
     assert got.dtype == np.float64 and got.shape == expected.shape
     assert got.tobytes() == expected.tobytes()
 
@@ -662,24 +663,24 @@ def test_flat_numeric_records_are_read_into_c_doubles(array, key, space):
     b"[[1, null]]",
 ])
 def test_c_doubles_leaves_other_records_to_orjson(text):
-    assert records._c_doubles(text, 0, None) is None
+    assert jsondoc.c_doubles(text, 0, None) is None
 
 
 def test_c_doubles_arrays_outlive_the_threads_next_parse():
     """Each thread reuses one simdjson parser: an array taken from one body must not
     change when the same parser reads the next body, a refused one, or a body too big
     to keep the parser's buffers for (which gets a parser of its own)."""
-    first = records._c_doubles(b"[[1.5, 2.5], [3.5, 4.5]]", 0, None)
+    first = jsondoc.c_doubles(b"[[1.5, 2.5], [3.5, 4.5]]", 0, None)
     kept = first.copy()
-    assert records._c_doubles(b"[[9, 9, 9]]", 0, None).tolist() == [[9.0, 9.0, 9.0]]
-    assert records._c_doubles(b'[[1, "x"]]', 0, None) is None
-    assert records._c_doubles(b"[[1, 2], [3", 0, None) is None
-    assert records._parser(10) is records._parser(10)
-    big = b"[" + b",".join([b"[0.25, 0.5]"] * (records._PARSER_REUSE_MAX_BYTES // 10)) + b"]"
-    assert records._parser(len(big)) is not records._parser(10)
-    assert records._c_doubles(big, 0, None).shape == (records._PARSER_REUSE_MAX_BYTES // 10, 2)
+    assert jsondoc.c_doubles(b"[[9, 9, 9]]", 0, None).tolist() == [[9.0, 9.0, 9.0]]
+    assert jsondoc.c_doubles(b'[[1, "x"]]', 0, None) is None
+    assert jsondoc.c_doubles(b"[[1, 2], [3", 0, None) is None
+    assert jsondoc.thread_parser(10) is jsondoc.thread_parser(10)
+    big = b"[" + b",".join([b"[0.25, 0.5]"] * (jsondoc.PARSER_REUSE_MAX_BYTES // 10)) + b"]"
+    assert jsondoc.thread_parser(len(big)) is not jsondoc.thread_parser(10)
+    assert jsondoc.c_doubles(big, 0, None).shape == (jsondoc.PARSER_REUSE_MAX_BYTES // 10, 2)
     assert np.array_equal(first, kept)
-    assert records._c_doubles(b"[[7, 8]]", 0, None).tolist() == [[7.0, 8.0]]
+    assert jsondoc.c_doubles(b"[[7, 8]]", 0, None).tolist() == [[7.0, 8.0]]
 
 
 @pytest.mark.parametrize("body, taken", [
@@ -732,15 +733,15 @@ from gevent import monkey
 monkey.patch_all(subprocess=False, os=False, signal=False)
 import gevent, threading
 from gevent.threadpool import ThreadPool
-from smserve.codecs import records
-a, b = gevent.spawn(records._parser, 10), gevent.spawn(records._parser, 10)
+from smserve.codecs.records import jsondoc
+a, b = gevent.spawn(jsondoc.thread_parser, 10), gevent.spawn(jsondoc.thread_parser, 10)
 gevent.joinall([a, b])
 pool = ThreadPool(1)
-other = pool.apply(records._parser, (10,))
-again = pool.apply(records._parser, (10,))
+other = pool.apply(jsondoc.thread_parser, (10,))
+again = pool.apply(jsondoc.thread_parser, (10,))
 print(a.value is b.value, other is not a.value, other is again)
 """
-    container = Path(records.__file__).resolve().parents[2]
+    container = Path(jsondoc.__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True,
                          cwd=container, timeout=60)
     assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr

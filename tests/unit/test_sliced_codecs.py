@@ -127,16 +127,31 @@ def test_a_blank_json_line_is_named_whatever_it_holds(blank, at):
     lines = [b"[1, 2]", b"[3, 4]", b"[5, 6]"]
     lines.insert(at, blank)
     body = b"\n".join(lines) + b"\n"
-    assert records._numeric_lines(body.rstrip(b"\n")) is None
     for size in (1, 4, WHOLE):
         with pytest.raises(BadRequest) as info:
             records.jsonlines(body, size)
         assert info.value.message == f"line {at + 1} is empty: each line must be one record"
 
 
-@pytest.mark.parametrize("line", [b"null", b"[1, true]", b"[false]", b'"1"', b"{}", b'{"features": [1, 2]}', b"[1, 2] x"])
-def test_numeric_json_lines_hold_only_lists_and_numbers(line):
-    assert records._numeric_lines(b"[1, 2]\n" + line) is None
+@pytest.mark.parametrize("line, answer", [
+    (b"null", "JSON Lines line 2: null is not a number"),
+    (b"[1, true]", "JSON Lines line 2, position [1]: true is not a number"),
+    (b"[false]", "JSON Lines line 2, position [0]: false is not a number"),
+    (b'"1"', 'JSON Lines line 2: the string "1" is not a number'),
+    (b"{}", "JSON Lines line 2: an object record must hold the record"),
+    (b'{"features": [1, 2]}', [[1.0, 2.0], [1.0, 2.0]]),
+    (b"[1, 2] x", "JSON Lines line 2 is not valid JSON"),
+])
+def test_a_line_that_is_not_lists_and_numbers_is_judged_on_its_own(line, answer):
+    """Whatever the slice size, a line holding anything but lists and numbers is read
+    as the line-by-line parse reads it: taken (a record under a key) or named."""
+    for size in (1, 4, WHOLE):
+        if isinstance(answer, list):
+            assert records.jsonlines(b"[1, 2]\n" + line, size).tolist() == answer
+            continue
+        with pytest.raises(BadRequest) as info:
+            records.jsonlines(b"[1, 2]\n" + line, size)
+        assert info.value.message.startswith(answer)
 
 
 @settings(max_examples=150, deadline=None)

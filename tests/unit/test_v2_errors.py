@@ -701,10 +701,37 @@ json_values = st.recursive(
 
 
 def decodes_or_refuses(body: bytes, header_length: int | None, metadata: ModelMetadata = MODEL) -> None:
+    """A refusal is a 400 with a message; a request that decodes holds what the model
+    declares and comes back unchanged when sent again as binary tensors."""
     try:
-        v2.decode_request(body, header_length, metadata)
-    except BadRequest:
-        pass
+        request = v2.decode_request(body, header_length, metadata)
+    except BadRequest as refused:
+        assert refused.status == 400 and refused.message.strip()
+        return
+    declared = {spec.name: spec for spec in metadata.inputs}
+    for name, array in request.inputs.items():
+        if declared:
+            assert name in declared and request.datatypes[name] == declared[name].datatype
+        # Every element costs the body at least a byte: no shape outgrows what was sent.
+        assert array.size <= len(body)
+    again = v2.decode_request(*resent(request), metadata)
+    assert list(again.inputs) == list(request.inputs) and again.datatypes == request.datatypes
+    for name, array in request.inputs.items():
+        same = again.inputs[name]
+        assert same.shape == array.shape and same.dtype == array.dtype
+        if array.dtype.kind == "f":
+            assert np.array_equal(same, array, equal_nan=True)
+        else:
+            assert same.tolist() == array.tolist()
+
+
+def resent(request) -> tuple[bytes, int]:
+    """The decoded request's inputs as one binary v2 request: (body, JSON header length)."""
+    blobs = [v2.to_binary(request.inputs[name], request.datatypes[name]) for name in request.inputs]
+    header = {"inputs": [{"name": name, "shape": list(request.inputs[name].shape), "datatype": request.datatypes[name],
+                          "parameters": {"binary_data_size": blob.nbytes}}
+                         for name, blob in zip(request.inputs, blobs)]}
+    return binary_body(header, *(blob.tobytes() for blob in blobs))
 
 
 @settings(max_examples=300, deadline=None)

@@ -17,12 +17,12 @@ import struct
 
 import numpy as np
 
+from smserve.codecs.limits import MAX_DIMS
 from smserve.errors import BadRequest
 
 MAGIC = b"\x93NUMPY"
 # numpy >= 1.14 pads the header so the data starts on a 64-byte boundary.
 _ALIGN = 64
-_MAX_DIMS = 32
 # No real dimension has more digits than this (2**64 has 20).
 _MAX_DIM_DIGITS = 20
 _DESCR = r"""(?P<q>['"])(?P<descr>[<>|=]?[biuf][1-8])(?P=q)"""
@@ -45,7 +45,7 @@ def read(body: bytes) -> np.ndarray:
     """A .npy body -> an array viewing the body's bytes (numeric dtypes only)."""
     shape, fortran_order, dtype, offset = _header(body)
     # type(), not isinstance: True and False are ints to isinstance, and no dimension.
-    if not all(type(d) is int and d >= 0 for d in shape) or len(shape) > _MAX_DIMS:
+    if not all(type(d) is int and d >= 0 for d in shape) or len(shape) > MAX_DIMS:
         raise BadRequest(f"the .npy header declares an invalid shape {shape!r}")
     if dtype.hasobject:
         raise BadRequest("the .npy body holds Python objects, which are never unpickled; send a numeric array")

@@ -35,32 +35,15 @@ import numpy as np
 import orjson
 
 from smserve.codecs import npy, records, slices, textout
+from smserve.codecs.limits import MAX_DIMS
+# The media types are read from here by the protocol table and the WebSocket session too.
+from smserve.codecs.media import ALIASES, CSV, JSON, JSONLINES, MEDIA_TYPES, NPY, NPZ, REQUEST_TYPES, media_type  # noqa: F401
 from smserve.errors import BadRequest, NotAcceptable
 from smserve.core.metadata import ModelMetadata, TensorSpec
 
-JSON = "application/json"
-CSV = "text/csv"
-JSONLINES = "application/jsonlines"
-NPY = "application/x-npy"
-MEDIA_TYPES = (JSON, CSV, JSONLINES, NPY)
-# Other spellings clients use for the same formats.
-ALIASES = {
-    "application/x-jsonlines": JSONLINES,
-    "application/jsonl": JSONLINES,
-    "application/json-lines": JSONLINES,
-    "application/npy": NPY,
-    "text/plain+csv": CSV,
-}
 # Keys of a JSON object that hold the records, as the SageMaker and TF Serving
 # conventions name them.
 RECORD_KEYS = records.RECORD_KEYS
-MAX_JSON_DEPTH = records.MAX_JSON_DEPTH
-
-
-def media_type(content_type: str | None) -> str:
-    """'text/csv; charset=utf-8' -> 'text/csv', with aliases resolved."""
-    value = (content_type or "").split(";")[0].strip().lower()
-    return ALIASES.get(value, value)
 
 
 # ---------------------------------------------------------------- decoding
@@ -138,7 +121,7 @@ def _as_array(values, what: str) -> np.ndarray:
     except ValueError as e:
         message = str(e)
         if records.too_deep(e):
-            raise BadRequest(f"{what} nest deeper than the {records.MAX_DIMS} dimensions an array can have") from None
+            raise BadRequest(f"{what} nest deeper than the {MAX_DIMS} dimensions an array can have") from None
         if "inhomogeneous" in message or "sequence" in message:
             raise BadRequest(f"{what} are ragged: every record must have the same shape") from None
         raise BadRequest(f"{what} must be numbers: {message}") from None
@@ -237,7 +220,7 @@ def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.nda
                 if lost.any():
                     at = int(np.argmax(lost))
                     raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
-                                     + _at(sent, offset + at, part[at]))
+                                     + _which_record(sent, offset + at, part[at]))
     return out
 
 
@@ -259,7 +242,7 @@ def _refuse_value(array: np.ndarray, offset: int, part: np.ndarray, at: int, spe
     """Raise for value `at` of `part` (at flat `offset` in `array`, C order, the same in
     any reshape of it), the first one `_unfit` found."""
     value = part[at]
-    where = _at(array, offset + at, value)
+    where = _which_record(array, offset + at, value)
     if part.dtype.kind == "f" and not (np.isfinite(value) and value == np.round(value)):
         kind = "a fractional" if np.isfinite(value) else "a non-finite"
         raise BadRequest(f"input '{spec.name}' takes {spec.datatype} values; got {kind} number{where}")
@@ -267,7 +250,7 @@ def _refuse_value(array: np.ndarray, offset: int, part: np.ndarray, at: int, spe
                      + (" (0 or 1)" if dtype.kind == "b" else "") + where)
 
 
-def _at(array: np.ndarray, index: int, value) -> str:
+def _which_record(array: np.ndarray, index: int, value) -> str:
     """' in record N: V': which record (1-based, along dimension 0, so a CSV or JSON
     Lines body's line number) holds the value at flat `index` of `array`, and what it is."""
     shown = value.item()
