@@ -2,12 +2,13 @@
 
 Written by the worker after each answer, instead of gunicorn's access log: SageMaker
 pings every few seconds, so a successful /ping is logged at DEBUG, and in JSON mode
-each line carries its fields (method, path, status, bytes, latency, request id,
-worker) instead of one preformatted message.
+each line carries its fields (method, path, route, status, bytes, latency, inference
+id, request id, worker) instead of one preformatted message.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -17,6 +18,14 @@ log = logging.getLogger("smserve.access")
 # Headers SageMaker and AWS load balancers use to identify a request.
 REQUEST_ID_KEYS = ("HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID", "HTTP_X_AMZN_TRACE_ID",
                    "HTTP_X_REQUEST_ID")
+# The id a caller gave InvokeEndpoint (InferenceId), else SageMaker's own request id.
+INFERENCE_ID_KEYS = ("HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID", "HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_TRACE_ID",
+                     "HTTP_X_REQUEST_ID")
+# A caller's id is written as sent up to this length (SageMaker's InferenceId: 64).
+MAX_ID_CHARS = 256
+# What a request that no route took is counted as: never its raw path, which a
+# caller chooses, so the metrics' series stay bounded.
+UNMATCHED = "unmatched"
 
 
 def peer(addr) -> str:
@@ -37,26 +46,60 @@ def request_environ(req, addr) -> dict:
     return environ
 
 
-def log_request(environ: dict, status: int, sent: int, started: float, quiet: bool = False) -> None:
-    """quiet: a health check's route, whose success SageMaker asks for every few seconds."""
-    path = environ.get("PATH_INFO", "")
+def log_request(environ: dict, status: int, sent: int, started: float, quiet: bool = False,
+                route: str | None = None) -> None:
+    """quiet: a health check's route, whose success SageMaker asks for every few seconds.
+    route: the pattern of the route that answered (None: none did; the Flask app's
+    own rule, if it has one, then names it)."""
+    seconds = time.monotonic() - started
+    route = route or _app_rule(environ) or UNMATCHED
     level = logging.DEBUG if status == 200 and quiet else logging.INFO
     if not log.isEnabledFor(level):
         return
+    path = environ.get("PATH_INFO", "")
     method = environ.get("REQUEST_METHOD", "-")
-    latency_ms = round((time.monotonic() - started) * 1000.0, 3)
+    latency_ms = round(seconds * 1000.0, 3)
     fields = {
         "method": method,
         "path": path,
+        "route": route,
         "status": status,
         "bytes": sent,
         "latency_ms": latency_ms,
         "remote": environ.get("REMOTE_ADDR", "-"),
         "worker": os.getpid(),
     }
-    for key in REQUEST_ID_KEYS:
-        if environ.get(key):
-            fields["request_id"] = environ[key]
-            break
-    log.log(level, '%s "%s %s" %d %d %.1fms', fields["remote"], method, path, status, sent, latency_ms,
-            extra={"fields": fields})
+    inference_id = _first(environ, INFERENCE_ID_KEYS)
+    if inference_id is not None:
+        fields["inference_id"] = inference_id
+    request_id = _first(environ, REQUEST_ID_KEYS)
+    if request_id is not None:
+        fields["request_id"] = request_id
+    log.log(level, '%s "%s %s" %d %d %.1fms id=%s', fields["remote"], method, path, status, sent, latency_ms,
+            _token(inference_id), extra={"fields": fields})
+
+
+def _first(environ: dict, keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = environ.get(key)
+        if value:
+            return value[:MAX_ID_CHARS]
+    return None
+
+
+def _token(value: str | None) -> str:
+    """The id as one token of the text line: as it is when it is plain, else quoted, so
+    a caller's id cannot forge the line's other fields."""
+    if value is None:
+        return "-"
+    if value.isascii() and value.isprintable() and not any(c in value for c in ' "\\'):
+        return value
+    return json.dumps(value)
+
+
+def _app_rule(environ: dict) -> str | None:
+    """The Flask rule that answered a request outside the table (a route a user added
+    to the app): bounded like the table's patterns."""
+    request = environ.get("werkzeug.request")
+    rule = getattr(request, "url_rule", None)
+    return getattr(rule, "rule", None)

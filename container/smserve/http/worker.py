@@ -423,7 +423,7 @@ class GeventModelWorker(base.Worker):
             return self._serve_request(listener_name, req, sock, addr, parser, answered)
         finally:
             access.log_request(answered.environ or access.request_environ(req, addr), answered.status,
-                               answered.sent, started, answered.quiet)
+                               answered.sent, started, answered.quiet, answered.route)
 
     def _open_session(self, req, sock, addr, parser, started) -> bool:
         if len(self.connections) > self.max_connections:
@@ -432,7 +432,7 @@ class GeventModelWorker(base.Worker):
             self.send_error(sock, 503, f"this worker is at its connection cap ({self.max_connections}, "
                                        "SMSERVE_MAX_CONNECTIONS): no new WebSocket session; try again later",
                             {"Retry-After": "1"})
-            access.log_request(access.request_environ(req, addr), 503, 0, started)
+            access.log_request(access.request_environ(req, addr), 503, 0, started, route=websocket.PATH)
             return False
         # A WebSocket session takes the connection over until it closes.
         sender = _Sender(sock, self.settings.send_deadline)
@@ -445,6 +445,7 @@ class GeventModelWorker(base.Worker):
             # Before any 100 Continue: a body that will be refused is not invited.
             declared = self._check_head(req)
             route, params = self.routes.match(req.method, req.path)
+            answered.route = route.pattern if route is not None else None
             if route is not None:
                 # The table's routes are answered without a WSGI environ or werkzeug objects.
                 resp = wsgi.Response(req, sender, self.cfg)
@@ -709,13 +710,14 @@ def _joined_headers(req) -> dict[str, str]:
 class _Answered:
     """What the access line says of a request: filled in as the answer takes shape."""
 
-    __slots__ = ("status", "sent", "quiet", "environ")
+    __slots__ = ("status", "sent", "quiet", "environ", "route")
 
     def __init__(self):
         self.status = 0
         self.sent = 0
         self.quiet = False  # a health check: a success is logged at DEBUG
         self.environ = None  # the WSGI environ, when the app answered
+        self.route = None  # the matched route's pattern: the metrics' bounded label, never the raw path
 
 
 def _wsgi_request(req, sender, addr, listener_name, cfg):

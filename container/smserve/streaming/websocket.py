@@ -176,7 +176,7 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
     if problem is not None:
         status, message, headers = problem
         worker.send_error(sock, status, message, headers)
-        access.log_request(environ, status, 0, started)
+        access.log_request(environ, status, 0, started, route=PATH)
         return
     writer.sendall(accept_response(req))
     session = Session(worker, sock, writer, req, leftover, addr)
@@ -189,7 +189,7 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
         session.run()
     finally:
         worker.sessions.discard(session)
-        access.log_request(environ, 101, session.sent, started)
+        access.log_request(environ, 101, session.sent, started, route=PATH)
         log.info("session from %s closed %s after %d message(s) in, %d out",
                  environ["REMOTE_ADDR"], session.close_code, session.received, session.answered)
 
