@@ -27,15 +27,15 @@ from __future__ import annotations
 
 from local_test.batch_transform.cli import build_parser, main
 from local_test.batch_transform.client import Client, EndedEarly, fetch_execution_parameters, wait_for_ping
-from local_test.batch_transform.config import MB, JobConfig, join_kind, resolve_config
+from local_test.batch_transform.config import MB, JobConfig, join_kind, parse_input_name, resolve_config
 from local_test.batch_transform.errors import BatchFailed, ConfigError
 from local_test.batch_transform.files import FileJob, MiniBatch, list_inputs, plan_file
 from local_test.batch_transform.job import Failure, JobResult, run_job, transform_batch
-from local_test.batch_transform.records import join_record, pack_batches, response_lines, split_records
+from local_test.batch_transform.records import join_record, named_record, pack_batches, response_lines, split_records
 
 __all__ = [
     "MB", "BatchFailed", "Client", "ConfigError", "EndedEarly", "Failure", "FileJob", "JobConfig", "JobResult",
     "MiniBatch", "build_parser", "fetch_execution_parameters", "join_kind", "join_record", "list_inputs", "main",
-    "pack_batches", "plan_file", "resolve_config", "response_lines", "run_job", "split_records", "transform_batch",
+    "named_record", "pack_batches", "parse_input_name", "plan_file", "resolve_config", "response_lines", "run_job", "split_records", "transform_batch",
     "wait_for_ping",
 ]

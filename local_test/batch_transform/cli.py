@@ -9,7 +9,7 @@ from pathlib import Path
 
 from local_test.batch_transform.client import fetch_execution_parameters, wait_for_ping
 from local_test.batch_transform.config import (BATCH_STRATEGIES, DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT_S, DEFAULT_URL,
-                                               resolve_config)
+                                               parse_input_name, resolve_config)
 from local_test.batch_transform.errors import ConfigError
 from local_test.batch_transform.job import run_job
 
@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--wait", type=float, default=30.0, help="seconds to wait for /ping to answer 200"
     )
+    parser.add_argument(
+        "--input-name", action="append", metavar="NAME[:COLUMNS]", default=[],
+        help="the model input a CSV record's columns feed; repeat it for a model of several inputs, each but "
+             "the last as NAME:COLUMNS, the last taking the rest. Each record then goes as a JSON Lines object "
+             "of named inputs, which a CSV line cannot be (the output and JoinSource=Input are as for CSV)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -69,12 +75,15 @@ def main(argv: list[str] | None = None) -> int:
                 "max_retries": args.max_retries,
                 "timeout_s": args.timeout,
                 "retry_backoff_s": args.retry_backoff,
+                "input_names": tuple(parse_input_name(text) for text in args.input_name),
             },
         )
+        inputs = ", ".join(name if columns is None else f"{name} ({columns})" for name, columns in config.input_names)
         print(
             f"job: {config.batch_strategy}, MaxPayloadInMB {config.max_payload_mb}, "
             f"MaxConcurrentTransforms {config.max_concurrent_transforms}, SplitType {config.split_type}, "
             f"AssembleWith {config.assemble_with}, JoinSource {config.join_source}"
+            + (f", CSV columns to the inputs {inputs} as JSON Lines" if inputs else "")
             + ("" if params else " (no /execution-parameters: SageMaker's defaults)"),
             file=sys.stderr,
         )

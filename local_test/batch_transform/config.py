@@ -32,6 +32,7 @@ JSON_TYPES = {
     "application/jsonl",
     "application/json",
 }
+JSON_LINES = "application/jsonlines"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class JobConfig:
     max_retries: int = DEFAULT_MAX_RETRIES
     timeout_s: float = DEFAULT_TIMEOUT_S
     retry_backoff_s: float = 0.5
+    # The model inputs a CSV record's columns feed, in column order: (name, how many
+    # columns; None for the last, which takes the rest). Empty: the CSV goes as it is,
+    # and the server feeds its columns to the model's one input.
+    input_names: tuple[tuple[str, int | None], ...] = ()
 
     def validate(self) -> None:
         if self.split_type not in ("Line", "None"):
@@ -78,6 +83,21 @@ class JobConfig:
                     "JoinSource=Input works for text/csv and JSON Lines input, "
                     f"not {self.content_type!r}"
                 )
+        if self.input_names:
+            self._validate_input_names()
+
+    def _validate_input_names(self) -> None:
+        if join_kind(self.content_type) != "csv" or self.split_type != "Line":
+            raise ConfigError("--input-name is for text/csv input split by line: it names what a CSV record's "
+                              "columns feed (JSON Lines records name their inputs themselves)")
+        names = [name for name, _ in self.input_names]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--input-name: an input named twice ({', '.join(names)})")
+        if any(columns is None for _, columns in self.input_names[:-1]):
+            raise ConfigError("--input-name: give every input but the last as NAME:COLUMNS; the last one "
+                              "takes the rest of the columns")
+        if self.input_names[-1][1] is not None:
+            raise ConfigError("--input-name: the last input takes the rest of the columns; give it without :COLUMNS")
 
     @property
     def max_payload_bytes(self) -> int | None:
@@ -89,6 +109,12 @@ class JobConfig:
         # response's line count carry meaning; with AssembleWith=None a response may
         # legitimately be one document per mini-batch.
         return self.split_type == "Line" and self.assemble_with == "Line"
+
+    @property
+    def request_content_type(self) -> str:
+        """What the requests carry: CSV records given input names go as JSON Lines
+        objects, as a CSV line has no place for a name."""
+        return JSON_LINES if self.input_names else self.content_type
 
 
 def base_type(content_type: str) -> str:
@@ -102,6 +128,18 @@ def join_kind(content_type: str) -> str | None:
     if kind in JSON_TYPES:
         return "json"
     return None
+
+
+def parse_input_name(text: str) -> tuple[str, int | None]:
+    """--input-name's NAME or NAME:COLUMNS (a name may itself hold a colon)."""
+    name, colon, columns = text.rpartition(":")
+    if colon and name and columns.isdigit():
+        if int(columns) < 1:
+            raise ConfigError(f"--input-name {text}: an input takes at least one column")
+        return name, int(columns)
+    if not text:
+        raise ConfigError("--input-name: the name is empty")
+    return text, None
 
 
 def resolve_config(params: dict, overrides: dict) -> JobConfig:

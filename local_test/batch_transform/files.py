@@ -7,7 +7,7 @@ from pathlib import Path
 
 from local_test.batch_transform.config import JobConfig
 from local_test.batch_transform.errors import ConfigError
-from local_test.batch_transform.records import pack_batches, split_records
+from local_test.batch_transform.records import named_record, pack_batches, split_records
 
 
 @dataclass
@@ -53,10 +53,13 @@ def list_inputs(input_path: Path, output_dir: Path) -> list[tuple[Path, Path]]:
 def plan_file(source: Path, destination: Path, config: JobConfig) -> FileJob:
     records = split_records(source.read_bytes(), config.split_type)
     job = FileJob(source=source, destination=destination, records=len(records))
-    for index, (first, batch_records, body, error) in enumerate(
-        pack_batches(records, config.batch_strategy, config.max_payload_bytes, config.split_type)
+    # Mini-batches are packed from what is sent (a named record is longer than its CSV
+    # line), but keep the records as read, which JoinSource=Input joins.
+    sent = [named_record(r, config.input_names) for r in records] if config.input_names else records
+    for index, (first, batch_sent, body, error) in enumerate(
+        pack_batches(sent, config.batch_strategy, config.max_payload_bytes, config.split_type)
     ):
-        job.batches.append(MiniBatch(job, index, first, batch_records, body, error))
+        job.batches.append(MiniBatch(job, index, first, records[first:first + len(batch_sent)], body, error))
     job.remaining = len(job.batches)
     return job
 

@@ -53,7 +53,15 @@ class JobResult:
 
 def transform_batch(client: Client, batch: MiniBatch, config: JobConfig) -> bytes:
     """Send one mini-batch and turn its response into this batch's share of the .out file."""
-    body = client.invoke(batch.body, len(batch.records))
+    try:
+        body = client.invoke(batch.body, len(batch.records))
+    except BatchFailed as failed:
+        if config.input_names and "HTTP 4" in str(failed):
+            names = ", ".join(name for name, _ in config.input_names)
+            raise BatchFailed(f"{failed} (the records went as JSON Lines objects of the inputs {names}, as "
+                              "--input-name asks; a model with one input takes the CSV as it is, without "
+                              "--input-name)") from None
+        raise
     if not config.checks_lines:
         if config.assemble_with == "Line" and body and not body.endswith(b"\n"):
             body += b"\n"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Iterator
 
 from local_test.batch_transform.config import MB
@@ -108,3 +110,38 @@ def join_record(record: bytes, output: bytes, kind: str) -> bytes:
     else:
         joined = {"SageMakerInput": source, "SageMakerOutput": result}
     return json.dumps(joined, separators=(",", ":")).encode()
+
+
+_JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def named_record(record: bytes, inputs: tuple[tuple[str, int | None], ...]) -> bytes:
+    """A CSV record as one JSON Lines object, its columns given to the named inputs in
+    order (the last takes the rest): `1,2,3` with ((a, 2), (b, None)) -> {"a":[1,2],"b":[3]}.
+
+    A cell that is a JSON number goes as written, not through a float here; another
+    number (`.5`, `1.`, `+3`) goes as the float it is; anything else goes as a string,
+    which the server refuses naming the record's line, as it would the CSV cell.
+    A record with too few columns gives the later inputs fewer values, and the server's
+    shape check names it: the server, not this runner, knows each input's shape."""
+    values = [_json_value(cell.strip()) for cell in record.split(b",")]
+    parts = []
+    at = 0
+    for name, columns in inputs:
+        taken = values[at:] if columns is None else values[at:at + columns]
+        at += len(taken)
+        parts.append(json.dumps(name).encode() + b":[" + b",".join(taken) + b"]")
+    return b"{" + b",".join(parts) + b"}"
+
+
+def _json_value(cell: bytes) -> bytes:
+    if _JSON_NUMBER.fullmatch(cell):
+        return cell
+    try:
+        number = float(cell)
+    except ValueError:
+        number = None
+    if number is not None and math.isfinite(number):  # JSON has no NaN or infinity
+        return repr(number).encode()
+    return json.dumps(cell.decode("utf-8", "replace")).encode()
+

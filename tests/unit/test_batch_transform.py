@@ -527,3 +527,61 @@ def test_output_folder_equal_to_the_input_folder_is_refused(tmp_path):
     (tmp_path / "a.csv").write_text("1,2\n")
     with pytest.raises(bt.ConfigError, match="is the input folder"):
         bt.list_inputs(tmp_path, tmp_path)
+
+
+# --- --input-name: CSV columns to named inputs --------------------------------------------
+
+
+@pytest.mark.parametrize("record, inputs, expected", [
+    (b"1,2,3", (("x", None),), {"x": [1, 2, 3]}),
+    (b"1,2,3", (("a", 2), ("b", None)), {"a": [1, 2], "b": [3]}),
+    (b" -4 , 2.5e3 ,.5,1.,+3", (("x", None),), {"x": [-4, 2500.0, 0.5, 1.0, 3.0]}),
+    (b"1,2", (("a", 3), ("b", None)), {"a": [1, 2], "b": []}),  # too few: the server's shape check says so
+    (b"1,oops,nan", (("x", None),), {"x": [1, "oops", "nan"]}),  # not numbers: the server names the line
+])
+def test_a_csv_record_becomes_one_json_object_of_named_inputs(record, inputs, expected):
+    line = bt.named_record(record, inputs)
+    assert b"\n" not in line and json.loads(line) == expected
+
+
+def test_an_integer_cell_goes_as_written_not_through_a_float():
+    assert bt.named_record(b"9007199254740993", (("ids", None),)) == b'{"ids":[9007199254740993]}'
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(input_names=(("a", None),), content_type="application/jsonlines"), "for text/csv input"),
+    (dict(input_names=(("a", None),), split_type="None"), "split by line"),
+    (dict(input_names=(("a", 2), ("a", None))), "named twice"),
+    (dict(input_names=(("a", None), ("b", None))), "every input but the last as NAME:COLUMNS"),
+    (dict(input_names=(("a", 2), ("b", 3))), "the last input takes the rest"),
+])
+def test_input_names_that_cannot_work_are_refused_before_any_request(settings, message):
+    with pytest.raises(bt.ConfigError, match=message):
+        JobConfig(**settings).validate()
+
+
+@pytest.mark.parametrize("text, parsed", [("x", ("x", None)), ("x:3", ("x", 3)), ("ns:x", ("ns:x", None)),
+                                          ("ns:x:2", ("ns:x", 2))])
+def test_input_name_flags(text, parsed):
+    assert bt.parse_input_name(text) == parsed
+
+
+def test_named_records_go_as_json_lines_and_join_as_the_csv_they_were(server, tmp_path):
+    records = csv_rows(5, width=2)
+    source = write(tmp_path / "data.csv", records)
+    cfg = config(server, input_names=(("x", None),), accept="application/jsonlines", join_source="Input")
+    result = bt.run_job(source, tmp_path / "out", cfg, progress=False)
+    assert result.failures == []
+    assert server.content_types == ["application/jsonlines"]
+    assert server.bodies == [b"".join(b'{"x":[%s]}\n' % r for r in records)]
+    out = (tmp_path / "out" / "data.csv.out").read_bytes().splitlines()
+    assert out == [r + b"," + json_output(b'{"x":[%s]}' % r) for r in records]
+
+
+def test_a_refused_named_batch_says_how_it_was_sent(server, tmp_path):
+    server.script = ["400"]
+    source = write(tmp_path / "data.csv", csv_rows(2))
+    cfg = config(server, input_names=(("a", 1), ("b", None)))
+    result = bt.run_job(source, tmp_path / "out", cfg, progress=False)
+    (failure,) = result.failures
+    assert "HTTP 400" in failure.message and "JSON Lines objects of the inputs a, b" in failure.message
