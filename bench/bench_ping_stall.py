@@ -1,4 +1,4 @@
-"""How long /ping waits while the server is under one of issue #10's stresses.
+"""How long /ping waits while the server is under stress: big bodies, slow clients, a dying worker.
 
     .venv/bin/python bench/bench_ping_stall.py                  # big bodies (default)
     .venv/bin/python bench/bench_ping_stall.py --slowloris 1000 [--body-timeout 5]

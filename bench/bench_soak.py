@@ -9,7 +9,7 @@ SageMaker binary type (/invocations), 1-8 records each; a share of the requests 
 malformed (each must be a 4xx). A separate poller GETs /ping every 100 ms. Prints one
 table: requests, statuses, 5xx, connection errors, wrong answers, latency, the worker's
 RSS at start and end, /ping p99 and max. Exits 1 on any 5xx, connection error, wrong
-answer, failed ping or changed worker PID: the issue #10 targets are all zero.
+answer, failed ping or changed worker PID: under a soak, each of those must be zero.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark as one prepared command (issue 11): builds two models, serves each
+# The GPU benchmark as one prepared command: builds two models, serves each
 # with the real server at SMSERVE_AUTOCAST=off/fp16/bf16 and prints one table of
 # throughput, p50/p99 latency and memory at batch 1/64/256. About 4 minutes on a GPU.
 #
