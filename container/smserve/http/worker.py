@@ -36,9 +36,7 @@ from __future__ import annotations
 import io
 import logging
 import os
-import resource
 import socket
-import struct
 import sys
 import time
 
@@ -52,127 +50,25 @@ from gunicorn.http import wsgi
 from gunicorn.http.parser import RequestParser
 from gunicorn.workers import base
 
-from smserve.http import access, turns
-from smserve.streaming import websocket
-from smserve.errors import json_error_body
+from smserve.http import access
+from smserve.http.body import ClientError, check_head, parse_error, read_body
+from smserve.http.connection import Close, Connection, RequestSource, buffered, bytes_waiting, connection_cap
+from smserve.http.sending import SMALL_ANSWER, Sender, SendTimeout, reset_on_close, send_error
 from smserve.routes.table import Request, RouteTable, reason
+from smserve.streaming import websocket
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 1024 * 1024
-# After an error answer, how long and how much of a request still arriving is read and
-# dropped before the connection closes (see _linger).
-# (As nginx's lingering_timeout and lingering_time: a pause ends it, a steady sender
-# gets the total.)
-LINGER_IDLE_S = 2.0
-LINGER_TOTAL_S = 10.0
-LINGER_BYTES = 128 << 20
-# Non-empty chunks in one chunked body, as Triton's HTTP front end allows (its wording
-# too): each costs a Python-level parse, so a body of one-byte chunks costs ~6x its size
-# in parsing.
-MAX_CHUNKS = 1 << 16
-# CPython's default is 5 ms; 1 ms measured no loss of throughput at batch 1 or 256
-# (bench_peers, both in one run) and a CSV body's /ping p99 fell from 44-227 ms to 11-20.
+# CPython's switch interval is 5 ms: the loop thread's short system calls each wait up
+# to that to take the GIL back from a busy codec or inference thread, and /ping pays it
+# several times over (docs/performance.md has the figures).
 GIL_SWITCH_S = 0.001
-# Answers up to this size go out with their head in one send (a syscall each costs
-# more than copying this much).
-SMALL_ANSWER = 64 * 1024
-
-
-class _Close(Exception):
-    """Ends a connection that is waiting for a request: idle at shutdown, or evicted."""
-
-
-class _ClientError(Exception):
-    """The request cannot be served as sent; answered with a JSON error, then closed."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class _Connection:
-    """One client connection, and what it is doing now."""
-
-    __slots__ = ("sock", "greenlet", "waiting_since", "busy", "reading_head", "parked", "ending")
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.greenlet = gevent.getcurrent()
-        self.waiting_since = time.monotonic()  # waiting for this request's head since
-        self.busy = False  # a request is being read or answered
-        self.reading_head = False  # between its first byte and its end
-        # The I/O watcher this connection is parked on while it waits for request-head
-        # bytes (between requests, or in the middle of a head); None at any other time.
-        self.parked = None
-        self.ending = False  # an eviction or the drain has asked it to end
-
-    def end_wait(self) -> None:
-        """End the connection if, and only if, it is still parked waiting for request
-        bytes. gevent delivers the exception later, from the loop, and only while that
-        same watcher is still waited on: a connection that meanwhile got its bytes and
-        went on to read a body or answer is not touched (a kill() would land wherever
-        it had got to, mid-request)."""
-        if self.parked is not None and not self.ending:
-            self.ending = True
-            gevent_socket.cancel_wait(self.parked, _Close())
-
-    def wait_for_request_bytes(self, timeout: float | None = None) -> None:
-        """Park until the socket is readable (or timeout: _Close). Ended by end_wait(),
-        unless bytes arrived meanwhile: then it goes on to read them."""
-        watcher = hub.get_hub().loop.io(self.sock.fileno(), 1)
-        self.parked = watcher
-        try:
-            gevent_socket.wait(watcher, timeout, _Close)
-        except _Close:
-            if not bytes_waiting(self.sock):
-                raise
-        finally:
-            self.parked = None
-            self.ending = False
-            watcher.close()
-
-
-class _RequestSource:
-    """The socket as gunicorn's parser reads it. A read that has to wait does so in
-    wait_for_request_bytes while the request's head is being read, so that an eviction
-    can end a client stalled mid-head; a body's reads wait as any socket read does."""
-
-    __slots__ = ("conn", "raw")
-
-    def __init__(self, conn: _Connection):
-        self.conn = conn
-        self.raw = conn.sock._sock  # the non-blocking OS socket under gevent's
-
-    def recv(self, size: int) -> bytes:
-        while True:
-            try:
-                return self.raw.recv(size)
-            except (BlockingIOError, InterruptedError):
-                pass
-            if self.conn.reading_head:
-                self.conn.wait_for_request_bytes()
-            else:
-                gevent_socket.wait_read(self.raw.fileno())
-
-
-def bytes_waiting(sock) -> bool:
-    """Whether the socket holds unread bytes (or an end of file): a non-blocking check,
-    on the raw descriptor, so gevent never parks the caller."""
-    try:
-        sock._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
-        pass  # reset or broken: reading it ends the connection promptly
-    return True  # a byte, or the end of file
 
 
 class GeventModelWorker(base.Worker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.connections: dict[object, _Connection] = {}
+        self.connections: dict[object, Connection] = {}
         self.sessions: set = set()  # open WebSocket sessions (websocket.Session)
         self._stopping = Event()  # set at SIGTERM: the main loop starts draining at once
         self.servers: list[StreamServer] = []
@@ -207,7 +103,7 @@ class GeventModelWorker(base.Worker):
         # switch interval each time (the convoy effect): at CPython's 5 ms a /ping
         # that needs a few of them waited tens of ms behind a big CSV body.
         sys.setswitchinterval(GIL_SWITCH_S)
-        self.max_connections = _connection_cap(self.settings.max_connections, self.cfg.workers)
+        self.max_connections = connection_cap(self.settings.max_connections, self.cfg.workers)
         super().init_process()
 
     def init_signals(self):
@@ -303,11 +199,14 @@ class GeventModelWorker(base.Worker):
             client = gevent_socket.socket(listener.family, listener.type, fileno=raw)
             self._spawn(self.handle, listener, client, addr)
 
-    def _close_if_idle(self, conn: _Connection) -> None:
+    def _close_if_idle(self, conn: Connection) -> None:
         """At SIGTERM: a connection with no request byte waiting ends; one in the middle
         of a request (its head included) is served."""
         if not conn.busy and not bytes_waiting(conn.sock):
             conn.end_wait()
+
+    def send_error(self, sock, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        send_error(sock, status, message, headers)
 
     def _spawn(self, *args):
         greenlet = gevent.spawn(*args)
@@ -351,13 +250,13 @@ class GeventModelWorker(base.Worker):
 
     def handle(self, listener, client, addr):
         self._admit()
-        conn = _Connection(client)
+        conn = Connection(client)
         self.connections[client] = conn
         self.starting.discard(conn.greenlet)
         try:
             client.setblocking(1)
             self._serve_connection(listener, conn, addr)
-        except (_Close, gevent.GreenletExit):
+        except (Close, gevent.GreenletExit):
             pass
         except OSError as e:
             self.log.debug("connection ended: %s", e)
@@ -370,9 +269,9 @@ class GeventModelWorker(base.Worker):
             except OSError:
                 pass
 
-    def _serve_connection(self, listener, conn: _Connection, addr) -> None:
+    def _serve_connection(self, listener, conn: Connection, addr) -> None:
         sock = conn.sock
-        parser = RequestParser(self.cfg, _RequestSource(conn), addr)
+        parser = RequestParser(self.cfg, RequestSource(conn), addr)
         # Not listener.getsockname(): at SIGTERM the listener closes while the
         # connections it accepted are still served.
         listener_name = self.listener_names[listener]
@@ -380,7 +279,7 @@ class GeventModelWorker(base.Worker):
         while True:
             conn.busy = False
             conn.waiting_since = time.monotonic()
-            if not _buffered(parser):
+            if not buffered(parser):
                 if not self.alive and not bytes_waiting(sock):
                     return
                 # The first request's head must come promptly; later ones may wait
@@ -390,7 +289,7 @@ class GeventModelWorker(base.Worker):
             conn.busy = True
             first = False
             try:
-                with gevent.Timeout(self.settings.header_timeout, _ClientError(408, "request head not received in time")):
+                with gevent.Timeout(self.settings.header_timeout, ClientError(408, "request head not received in time")):
                     conn.reading_head = True
                     try:
                         req = next(parser)
@@ -400,11 +299,11 @@ class GeventModelWorker(base.Worker):
                 return
             except http_errors.NoMoreData:
                 return  # the client closed between requests
-            except _ClientError as e:
+            except ClientError as e:
                 self.send_error(sock, e.status, e.message)
                 return
             except http_errors.ParseException as e:
-                status, message = _parse_error(e)
+                status, message = parse_error(e)
                 self.send_error(sock, status, message)
                 return
             if not self.handle_request(listener_name, req, sock, addr, parser):
@@ -435,15 +334,15 @@ class GeventModelWorker(base.Worker):
             access.log_request(access.request_environ(req, addr), 503, 0, started, route=websocket.PATH)
             return False
         # A WebSocket session takes the connection over until it closes.
-        sender = _Sender(sock, self.settings.send_deadline)
+        sender = Sender(sock, self.settings.send_deadline)
         websocket.serve(self, sock, sender, req, parser.unreader.take_buffered(), addr)
         return False
 
     def _serve_request(self, listener_name, req, sock, addr, parser, answered: "_Answered") -> bool:
-        sender = _Sender(sock, self.settings.send_deadline)
+        sender = Sender(sock, self.settings.send_deadline)
         try:
             # Before any 100 Continue: a body that will be refused is not invited.
-            declared = self._check_head(req)
+            declared = check_head(req, self.settings)
             route, params = self.routes.match(req.method, req.path)
             answered.route = route.pattern if route is not None else None
             if route is not None:
@@ -453,8 +352,8 @@ class GeventModelWorker(base.Worker):
                     sender.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             else:
                 resp, answered.environ = _wsgi_request(req, sender, addr, listener_name, self.cfg)
-            body = self._read_body(req, declared)
-        except _ClientError as e:
+            body = read_body(req, declared, self.settings)
+        except ClientError as e:
             answered.status = e.status
             self.send_error(sock, e.status, e.message)
             return False
@@ -462,7 +361,7 @@ class GeventModelWorker(base.Worker):
         if self.nr >= self.max_requests and self.alive:
             self.log.info("Autorestarting worker after current request.")
             gevent.spawn(self.begin_drain)
-        if _asks_to_close(req) or (not self.alive and not (_buffered(parser) or bytes_waiting(sock))):
+        if _asks_to_close(req) or (not self.alive and not (buffered(parser) or bytes_waiting(sock))):
             # The client's last request, or shutting down with no further request
             # arrived: this answer is the last on the connection.
             resp.force_close()
@@ -493,7 +392,7 @@ class GeventModelWorker(base.Worker):
                 resp.write(item)
             resp.close()
             sender.flush()
-        except _SendTimeout as e:
+        except SendTimeout as e:
             self.log.info("answer cut off: %s", e)
             reset_on_close(sock)
             return False
@@ -514,188 +413,7 @@ class GeventModelWorker(base.Worker):
         if resp.should_close():
             return False
         # After SIGTERM, a connection goes on only while requests are already waiting.
-        return self.alive or _buffered(parser) or bytes_waiting(sock)
-
-    def _too_big(self) -> str:
-        return f"exceeds the payload limit of {self.settings.max_body_bytes} bytes ({self.settings.body_limit_setting})"
-
-    def _check_head(self, req) -> int | None:
-        """What the head alone says is wrong with the body: a transfer coding we do not
-        undo, or a Content-Length over the payload limit. The Content-Length, if any."""
-        _check_transfer_coding(req)
-        declared = _content_length(req)
-        if declared is not None and declared > self.settings.max_body_bytes:
-            raise _ClientError(413, f"request body of {declared} bytes {self._too_big()}")
-        return declared
-
-    def _read_body(self, req, declared: int | None) -> bytes:
-        """The whole body, within the body deadline and the payload limit; `declared`:
-        its Content-Length, from _check_head, which the head has passed."""
-        limit = self.settings.max_body_bytes
-        too_big = self._too_big()
-        if req.body is None:
-            return b""
-        turn = turns.Turn()
-        _check_chunks(req.body, limit, too_big, turn)
-        first = b""
-        # Past one read, the body grows in a BytesIO: its buffer is enlarged in place
-        # and getvalue() hands it over without a copy, where joining the reads would copy
-        # the whole body in one step (40 MB: 30-40 ms with the GIL held, /ping waiting).
-        grown: io.BytesIO | None = None
-        total = 0
-        try:
-            with gevent.Timeout(self.settings.body_timeout,
-                                _ClientError(408, f"request body not received within {self.settings.body_timeout} s")):
-                while True:
-                    data = req.body.read(READ_SIZE)
-                    if not data:
-                        break
-                    total += len(data)
-                    if total > limit:
-                        raise _ClientError(413, f"request body {too_big}")
-                    if grown is not None:
-                        grown.write(data)
-                    elif first:
-                        grown = io.BytesIO(first)
-                        grown.seek(0, io.SEEK_END)
-                        grown.write(data)
-                    else:
-                        first = data
-                    turn.take()  # a fast sender of a big body must not hold the loop
-        except (http_errors.ParseException, http_errors.NoMoreData) as e:
-            status, message = _parse_error(e)
-            raise _ClientError(status, f"malformed request body: {message}") from None
-        if declared is not None and total < declared:
-            raise _ClientError(400, f"request body ended after {total} of its {declared} bytes (Content-Length)")
-        return grown.getvalue() if grown is not None else first
-
-    def send_error(self, sock, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        """A JSON error answer, then the connection closes."""
-        body = json_error_body(message)
-        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-        head = (f"HTTP/1.1 {status} {reason(status)}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
-        try:
-            with gevent.Timeout(5, False):
-                sock.sendall(head.encode("latin-1") + body)
-        except OSError:
-            return
-        if status != 408:  # a client that timed out is not sending
-            _linger(sock)
-
-
-def _linger(sock) -> None:
-    """After an error answer the connection closes, but the client may still be sending
-    the request that caused it (a body over the limit, the rest of a malformed one).
-    Closing with its bytes unread makes the kernel reset the connection, and a reset can
-    destroy the answer before the client has read it. So stop writing, then read and
-    drop what still comes, for a bounded time and amount (as nginx's lingering close)."""
-    try:
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        return
-    dropped = 0
-    turn = turns.Turn()
-    raw = sock._sock
-    try:
-        with gevent.Timeout(LINGER_TOTAL_S, False):
-            while dropped < LINGER_BYTES:
-                try:
-                    data = raw.recv(READ_SIZE)
-                except (BlockingIOError, InterruptedError):
-                    # A client that has stopped sending is not waited for long.
-                    gevent_socket.wait_read(raw.fileno(), timeout=LINGER_IDLE_S, timeout_exc=_Close)
-                    continue
-                if not data:
-                    return
-                dropped += len(data)
-                turn.take()
-    except (OSError, _Close):
-        pass
-
-
-class _SendTimeout(Exception):
-    """The client stopped reading its answer."""
-
-
-def reset_on_close(sock) -> None:
-    """Make the coming close() reset the connection (SO_LINGER 0), as nginx's
-    reset_timedout_connection does for a client cut off at its send deadline: a plain
-    close would leave the kernel holding the unsent answer in FIN-WAIT-1, trickling it
-    out as the stalled client's window allows, for as long as it likes."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass
-
-
-class _Sender:
-    """The connection as the response writer sees it: every send must make progress
-    within the send deadline, so a client that stops reading cannot hold the worker's
-    connection and the answer's memory for ever. A slow reader that keeps reading is
-    served to the end."""
-
-    def __init__(self, sock, timeout: float):
-        self._sock = sock
-        self._timeout = timeout
-        self._held: list | None = None
-
-    def hold(self) -> None:
-        """Gather writes until flush(): a small answer's head and body leave in one send."""
-        self._held = []
-
-    def flush(self) -> None:
-        held, self._held = self._held, None
-        if held:
-            self.sendall(b"".join(held))
-
-    def sendall(self, data) -> None:
-        if self._held is not None:
-            self._held.append(bytes(data))
-            return
-        raw = self._sock._sock  # the non-blocking OS socket under gevent's
-        view = memoryview(data).cast("B")
-        while view:
-            try:
-                sent = raw.send(view)
-            except (BlockingIOError, InterruptedError):
-                gevent_socket.wait_write(raw.fileno(), timeout=self._timeout, timeout_exc=_SendTimeout(
-                    f"the client read nothing of its answer for {self._timeout:g} s (SMSERVE_SEND_TIMEOUT)"))
-                continue
-            view = view[sent:]
-
-    def __getattr__(self, name):
-        return getattr(self._sock, name)
-
-
-def _check_chunks(body, limit: int, too_big: str, turn: turns.Turn) -> None:
-    """A chunked body is refused as soon as its declared chunk sizes pass the limit,
-    not after that many bytes have been read (or waited for), and past MAX_CHUNKS
-    chunks. Each chunk is parsed in Python, and one read of the body parses as many as
-    its bytes hold (a million in 6 MB of one-byte chunks), so the loop gets its turns
-    between chunks too."""
-    reader = getattr(body, "reader", None)
-    parse = getattr(reader, "parse_chunk_size", None)
-    if parse is None:
-        return
-    declared = 0
-    chunks = 0
-
-    def checked(unreader, data=None):
-        nonlocal declared, chunks
-        size, rest = parse(unreader, data)
-        declared += size
-        if declared > limit:
-            raise _ClientError(413, f"chunked request body of at least {declared} bytes {too_big}")
-        if size:
-            chunks += 1
-            if chunks > MAX_CHUNKS:
-                raise _ClientError(400, f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
-                                        "Send fewer or larger HTTP chunks.")
-        turn.take()
-        return size, rest
-
-    reader.parse_chunk_size = checked
+        return self.alive or buffered(parser) or bytes_waiting(sock)
 
 
 def _joined_headers(req) -> dict[str, str]:
@@ -727,7 +445,7 @@ def _wsgi_request(req, sender, addr, listener_name, cfg):
     try:
         resp, environ = wsgi.create(req, sender, addr, listener_name, cfg)
     except Exception as e:  # noqa: BLE001 - gunicorn raises plain exceptions for bad heads
-        raise _ClientError(400, f"malformed request head: {type(e).__name__}: {e}") from None
+        raise ClientError(400, f"malformed request head: {type(e).__name__}: {e}") from None
     environ["wsgi.multithread"] = True
     return resp, environ
 
@@ -739,57 +457,3 @@ def _asks_to_close(req) -> bool:
         if name == "CONNECTION" and any(option.strip(" \t").lower() == "close" for option in value.split(",")):
             return True
     return False
-
-
-def _buffered(parser) -> bool:
-    """Bytes of a next (pipelined) request already read off the socket."""
-    return parser.unreader.buf.getbuffer().nbytes > 0
-
-
-def _check_transfer_coding(req) -> None:
-    """gunicorn lets gzip, deflate and compress through as transfer codings, for the
-    application to undo; ours do not, so such a body would reach the codecs still
-    compressed. RFC 9112 6.1: a transfer coding the server does not understand is 501."""
-    for name, value in req.headers:
-        if name == "TRANSFER-ENCODING":
-            codings = [v.strip(" \t").lower() for v in value.split(",")]
-            others = [c for c in codings if c != "chunked"]
-            if others:
-                raise _ClientError(501, f"Transfer-Encoding {', '.join(others)} is not supported: send the body "
-                                        "chunked or with a Content-Length (compressed, if you like, with "
-                                        "Content-Encoding: gzip or deflate)")
-
-
-def _content_length(req) -> int | None:
-    for name, value in req.headers:
-        if name == "CONTENT-LENGTH":
-            return int(value)  # gunicorn has checked it is one non-negative integer
-    return None
-
-
-def _parse_error(e: Exception) -> tuple[int, str]:
-    if isinstance(e, http_errors.NoMoreData):
-        return 400, "the connection ended inside the request"
-    status = getattr(e, "code", 400)
-    if isinstance(e, http_errors.LimitRequestLine):
-        status = 414
-    elif isinstance(e, http_errors.LimitRequestHeaders):
-        status = 431
-    elif isinstance(e, http_errors.UnsupportedTransferCoding):
-        status = 501
-    if not 400 <= status < 600:
-        status = 400
-    return status, f"{type(e).__name__}: {e}"
-
-
-def _connection_cap(setting: int, workers: int) -> int:
-    """The configured cap, but never more than this process may open: raise the soft
-    descriptor limit to the hard one and keep room for files and the model."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return max(16, min(setting, soft - 128))

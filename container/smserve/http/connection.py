@@ -1,0 +1,112 @@
+"""One client connection as the worker holds it: what it is doing now, and how a wait
+for its request bytes can be ended (by an eviction at the connection cap, or the drain
+at SIGTERM) without touching a connection whose bytes have arrived."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import time
+
+import gevent
+from gevent import hub
+from gevent import socket as gevent_socket
+
+
+class Close(Exception):
+    """Ends a connection that is waiting for a request: idle at shutdown, or evicted."""
+
+
+class Connection:
+    """One client connection, and what it is doing now."""
+
+    __slots__ = ("sock", "greenlet", "waiting_since", "busy", "reading_head", "parked", "ending")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.greenlet = gevent.getcurrent()
+        self.waiting_since = time.monotonic()  # waiting for this request's head since
+        self.busy = False  # a request is being read or answered
+        self.reading_head = False  # between its first byte and its end
+        # The I/O watcher this connection is parked on while it waits for request-head
+        # bytes (between requests, or in the middle of a head); None at any other time.
+        self.parked = None
+        self.ending = False  # an eviction or the drain has asked it to end
+
+    def end_wait(self) -> None:
+        """End the connection if, and only if, it is still parked waiting for request
+        bytes. gevent delivers the exception later, from the loop, and only while that
+        same watcher is still waited on: a connection that meanwhile got its bytes and
+        went on to read a body or answer is not touched (a kill() would land wherever
+        it had got to, mid-request)."""
+        if self.parked is not None and not self.ending:
+            self.ending = True
+            gevent_socket.cancel_wait(self.parked, Close())
+
+    def wait_for_request_bytes(self, timeout: float | None = None) -> None:
+        """Park until the socket is readable (or timeout: Close). Ended by end_wait(),
+        unless bytes arrived meanwhile: then it goes on to read them."""
+        watcher = hub.get_hub().loop.io(self.sock.fileno(), 1)
+        self.parked = watcher
+        try:
+            gevent_socket.wait(watcher, timeout, Close)
+        except Close:
+            if not bytes_waiting(self.sock):
+                raise
+        finally:
+            self.parked = None
+            self.ending = False
+            watcher.close()
+
+
+class RequestSource:
+    """The socket as gunicorn's parser reads it. A read that has to wait does so in
+    wait_for_request_bytes while the request's head is being read, so that an eviction
+    can end a client stalled mid-head; a body's reads wait as any socket read does."""
+
+    __slots__ = ("conn", "raw")
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self.raw = conn.sock._sock  # the non-blocking OS socket under gevent's
+
+    def recv(self, size: int) -> bytes:
+        while True:
+            try:
+                return self.raw.recv(size)
+            except (BlockingIOError, InterruptedError):
+                pass
+            if self.conn.reading_head:
+                self.conn.wait_for_request_bytes()
+            else:
+                gevent_socket.wait_read(self.raw.fileno())
+
+
+def bytes_waiting(sock) -> bool:
+    """Whether the socket holds unread bytes (or an end of file): a non-blocking check,
+    on the raw descriptor, so gevent never parks the caller."""
+    try:
+        sock._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        pass  # reset or broken: reading it ends the connection promptly
+    return True  # a byte, or the end of file
+
+
+def buffered(parser) -> bool:
+    """Bytes of a next (pipelined) request already read off the socket."""
+    return parser.unreader.buf.getbuffer().nbytes > 0
+
+
+def connection_cap(setting: int, workers: int) -> int:
+    """The configured cap, but never more than this process may open: raise the soft
+    descriptor limit to the hard one and keep room for files and the model."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return max(16, min(setting, soft - 128))

@@ -1,0 +1,127 @@
+"""Writing answers: every send must make progress within the send deadline; error
+answers close the connection after a bounded lingering read, so the client reads them."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import gevent
+from gevent import socket as gevent_socket
+
+from smserve.errors import json_error_body
+from smserve.http import turns
+from smserve.http.body import READ_SIZE
+from smserve.http.connection import Close
+from smserve.routes.table import reason
+
+# Answers up to this size go out with their head in one send (a syscall each costs
+# more than copying this much).
+SMALL_ANSWER = 64 * 1024
+
+# After an error answer, how long and how much of a request still arriving is read and
+# dropped before the connection closes (see linger).
+# (As nginx's lingering_timeout and lingering_time: a pause ends it, a steady sender
+# gets the total.)
+LINGER_IDLE_S = 2.0
+LINGER_TOTAL_S = 10.0
+LINGER_BYTES = 128 << 20
+
+
+class SendTimeout(Exception):
+    """The client stopped reading its answer."""
+
+
+def reset_on_close(sock) -> None:
+    """Make the coming close() reset the connection (SO_LINGER 0), as nginx's
+    reset_timedout_connection does for a client cut off at its send deadline: a plain
+    close would leave the kernel holding the unsent answer in FIN-WAIT-1, trickling it
+    out as the stalled client's window allows, for as long as it likes."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+
+
+class Sender:
+    """The connection as the response writer sees it: every send must make progress
+    within the send deadline, so a client that stops reading cannot hold the worker's
+    connection and the answer's memory for ever. A slow reader that keeps reading is
+    served to the end."""
+
+    def __init__(self, sock, timeout: float):
+        self._sock = sock
+        self._timeout = timeout
+        self._held: list | None = None
+
+    def hold(self) -> None:
+        """Gather writes until flush(): a small answer's head and body leave in one send."""
+        self._held = []
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self.sendall(b"".join(held))
+
+    def sendall(self, data) -> None:
+        if self._held is not None:
+            self._held.append(bytes(data))
+            return
+        raw = self._sock._sock  # the non-blocking OS socket under gevent's
+        view = memoryview(data).cast("B")
+        while view:
+            try:
+                sent = raw.send(view)
+            except (BlockingIOError, InterruptedError):
+                gevent_socket.wait_write(raw.fileno(), timeout=self._timeout, timeout_exc=SendTimeout(
+                    f"the client read nothing of its answer for {self._timeout:g} s (SMSERVE_SEND_TIMEOUT)"))
+                continue
+            view = view[sent:]
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def send_error(sock, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    """A JSON error answer, then the connection closes."""
+    body = json_error_body(message)
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    head = (f"HTTP/1.1 {status} {reason(status)}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
+    try:
+        with gevent.Timeout(5, False):
+            sock.sendall(head.encode("latin-1") + body)
+    except OSError:
+        return
+    if status != 408:  # a client that timed out is not sending
+        linger(sock)
+
+
+def linger(sock) -> None:
+    """After an error answer the connection closes, but the client may still be sending
+    the request that caused it (a body over the limit, the rest of a malformed one).
+    Closing with its bytes unread makes the kernel reset the connection, and a reset can
+    destroy the answer before the client has read it. So stop writing, then read and
+    drop what still comes, for a bounded time and amount (as nginx's lingering close)."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+    dropped = 0
+    turn = turns.Turn()
+    raw = sock._sock
+    try:
+        with gevent.Timeout(LINGER_TOTAL_S, False):
+            while dropped < LINGER_BYTES:
+                try:
+                    data = raw.recv(READ_SIZE)
+                except (BlockingIOError, InterruptedError):
+                    # A client that has stopped sending is not waited for long.
+                    gevent_socket.wait_read(raw.fileno(), timeout=LINGER_IDLE_S, timeout_exc=Close)
+                    continue
+                if not data:
+                    return
+                dropped += len(data)
+                turn.take()
+    except (OSError, Close):
+        pass
