@@ -145,3 +145,89 @@ def test_zero_padding_after_the_last_member_is_taken_as_gzip_takes_it():
     assert inflate(gzip.compress(b"abc") + b"\0" * 70_000, "gzip", LIMIT) == b"abc"
     with pytest.raises(BadRequest, match="follow the end"):
         inflate(gzip.compress(b"abc") + b"\0" * 70_000 + b"x", "gzip", LIMIT)
+
+
+# --------------------------------------------------------------------------------------
+# Inflated bodies in flight, bounded per worker (issue 25)
+
+
+class ThreadedServer:
+    """ModelServer.codec's contract on real threads: the caller's greenlet waits."""
+
+    class settings:  # noqa: N801 - the one setting the ledger reads
+        codec_threads = 2
+
+    def __init__(self):
+        from gevent.threadpool import ThreadPool
+
+        self.pool = ThreadPool(self.settings.codec_threads)
+
+    def codec(self, size, fn, *args):
+        return self.pool.apply(fn, args)
+
+
+def requests_at_once(server, bodies: list[bytes], limit: int, hold_s: float) -> tuple[int, list]:
+    """Decode every body in its own greenlet, each holding its body for hold_s (as a
+    request does while it waits for the model); the most inflated bytes alive at once,
+    and each request's outcome (its body's size, or the error)."""
+    import gevent
+
+    alive: dict[int, int] = {}
+    most = 0
+    outcomes: list = [None] * len(bodies)
+
+    def request(i: int, body: bytes) -> None:
+        nonlocal most
+        try:
+            inflated = contentcoding.decode(body, "gzip", limit, "", server)
+        except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
+            outcomes[i] = e
+            return
+        alive[i] = len(inflated)
+        most = max(most, sum(alive.values()))
+        gevent.sleep(hold_s)
+        outcomes[i] = len(inflated)
+        del alive[i], inflated
+
+    gevent.joinall([gevent.spawn(request, i, body) for i, body in enumerate(bodies)])
+    return most, outcomes
+
+
+def test_inflated_bytes_in_flight_stay_within_the_codec_threads_limits():
+    """Twenty gzip bodies of ~2 KB that each inflate to just under the limit, all at
+    once: a worker holds at most two limits of inflated bytes (one per codec thread),
+    not twenty, and every request is answered."""
+    limit = 2 << 20
+    body = gzip.compress(b" " * (limit - 100))
+    assert len(body) < 4 << 10
+    most, outcomes = requests_at_once(ThreadedServer(), [body] * 20, limit, hold_s=0.05)
+    assert outcomes == [limit - 100] * 20
+    assert most <= 2 * limit
+
+
+def test_a_request_that_finds_no_room_in_time_is_503_with_retry_after(monkeypatch):
+    import gevent
+
+    server = ThreadedServer()
+    ledger = contentcoding.inflated_bytes(server, 1 << 20)
+    monkeypatch.setattr(ledger, "wait_s", 0.1)
+    size = (1 << 20) - 1000
+    kept = [contentcoding.decode(gzip.compress(b"x" * size), "gzip", 1 << 20, "", server) for _ in range(2)]
+    with pytest.raises(contentcoding.Unavailable) as refused:
+        contentcoding.decode(gzip.compress(b"y"), "gzip", 1 << 20, "", server)
+    assert refused.value.status == 503 and refused.value.headers == {"Retry-After": "1"}
+    assert ledger.in_flight == 2 * size  # the bodies still held; the refused one reserved nothing
+    del kept
+    gevent.sleep(0)  # (the pool lets go of its last result on the loop's next turn)
+    assert ledger.in_flight == 0
+    assert contentcoding.decode(gzip.compress(b"y"), "gzip", 1 << 20, "", server) == b"y"
+
+
+def test_bodies_that_fail_to_inflate_leave_no_reservation_behind():
+    server = ThreadedServer()
+    bomb = gzip.compress(b"\0" * (3 << 20))
+    for body, error in ((b"not gzip", BadRequest), (bomb, PayloadTooLarge)):
+        for _ in range(5):
+            with pytest.raises(error):
+                contentcoding.decode(body, "gzip", 1 << 20, "", server)
+    assert contentcoding.inflated_bytes(server, 1 << 20).reserved == 0

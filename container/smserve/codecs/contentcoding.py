@@ -6,13 +6,27 @@ sees it, into at most the payload limit: a few KB of gzip can claim gigabytes, s
 output is bounded as it is made, never after. zlib releases the GIL while it inflates,
 and the work grows with the output, not with the body on the wire, so it always runs on
 a codec thread. Any other coding is a 415 that names the ones taken.
+
+Bounded in total too: a hundred bodies of 100 KB can each claim the payload limit, and
+a body inflated ahead of its turn would be held while it waits for a codec thread and
+the model. So each worker holds at most as many payload limits of inflated bytes as it
+has codec threads (InflatedBytes): a body is inflated only when that leaves room, and
+its bytes count until nothing but the ledger refers to them. A request that finds no
+room within INFLATE_WAIT_S is a 503 with Retry-After, so memory stays in proportion to
+what was received.
 """
 
 from __future__ import annotations
 
+import gc
+import sys
+import time
+import weakref
 import zlib
 
-from smserve.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+import gevent
+
+from smserve.errors import BadRequest, PayloadTooLarge, Unavailable, UnsupportedMediaType
 
 IDENTITY = "identity"
 # Inflated per zlib call: the list of pieces stays short and the limit is checked often.
@@ -24,6 +38,11 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # size, and an empty one is 20 bytes that add nothing to the output limit; bgzip's
 # 64 KB blocks make ~1,600 of them for the largest body (100 MB).
 MAX_MEMBERS = 10_000
+# How long a request waits for room among the inflated bodies before its 503, and how
+# often it looks: bodies are freed by the requests that hold them, which signal nothing.
+# Well within SageMaker's 60 s invocation timeout, so the client hears why.
+INFLATE_WAIT_S = 30.0
+_POLL_S = 0.005
 
 
 def codings(header: str | None) -> list[str]:
@@ -49,10 +68,98 @@ def decode(body: bytes, header: str | None, limit: int, limit_setting: str, serv
     applied = codings(header)
     if not applied or not body:  # no body is no body, however it says it is coded
         return body
-    for coding in reversed(applied):
-        # The size given is the work's bound (the limit), so it goes to a codec thread.
-        body = server.codec(limit, inflate, body, coding, limit, limit_setting)
+    ledger = inflated_bytes(server, limit)
+    ledger.reserve(limit)  # the most this body can become, until it is made
+    try:
+        for coding in reversed(applied):
+            # The size given is the work's bound (the limit), so it goes to a codec thread.
+            body = server.codec(limit, inflate, body, coding, limit, limit_setting)
+    finally:
+        ledger.release(limit)
+    ledger.hold(body)
     return body
+
+
+class InflatedBytes:
+    """One worker's inflated request bodies, at most `capacity` bytes of them at once.
+
+    Used on the event loop only. A body counts from its reservation (the limit, before
+    it is inflated) until only this ledger refers to it: whichever request, codec step,
+    array view or stream holds it, its memory is held. A reference count is the one
+    sign of that: bytes take no weak reference, and orjson refuses any subclass.
+    """
+
+    def __init__(self, capacity: int, wait_s: float = INFLATE_WAIT_S):
+        self.capacity = capacity
+        self.wait_s = wait_s
+        self.reserved = 0
+        self._held: list[bytes] = []
+        # Requests waiting for room, first come first served.
+        self._waiting: list[object] = []
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes reserved or held by bodies still in use."""
+        self._forget_unused()
+        return self.reserved + sum(map(len, self._held))
+
+    def reserve(self, size: int) -> None:
+        """Wait, in turn, until `size` more bytes fit; a 503 with Retry-After if they do
+        not within wait_s."""
+        deadline = time.monotonic() + self.wait_s
+        turn = object()
+        self._waiting.append(turn)
+        try:
+            collected = False
+            while self._waiting[0] is not turn or self.in_flight + size > self.capacity:
+                if self._waiting[0] is turn and not collected and self._held:
+                    # A body kept only by a reference cycle (an exception's traceback)
+                    # is freed by the collector, not by its reference count.
+                    gc.collect()
+                    collected = True
+                    continue
+                if time.monotonic() >= deadline:
+                    raise Unavailable(f"this worker holds {self.in_flight} bytes of decompressed request bodies, "
+                                      f"its most ({self.capacity}); retry, or send the body uncompressed",
+                                      headers={"Retry-After": "1"})
+                gevent.sleep(_POLL_S)
+            self.reserved += size
+        finally:
+            self._waiting.remove(turn)
+
+    def release(self, size: int) -> None:
+        self.reserved -= size
+
+    def hold(self, body: bytes) -> None:
+        self._held.append(body)
+
+    def _forget_unused(self) -> None:
+        if self._held:
+            self._held = [body for body in self._held if sys.getrefcount(body) > _LEDGER_REFS]
+
+
+def _refs_when_unused() -> int:
+    """What sys.getrefcount says, inside _forget_unused's comprehension, of a body that
+    only the ledger's list refers to (the list's, the loop variable's, the call's own)."""
+    held = [object()]
+    return [sys.getrefcount(body) for body in held][0]
+
+
+_LEDGER_REFS = _refs_when_unused()
+
+
+# One ledger per model server (one per worker process); weak, so a test's servers go.
+_LEDGERS: "weakref.WeakKeyDictionary[object, InflatedBytes]" = weakref.WeakKeyDictionary()
+
+
+def inflated_bytes(server, limit: int) -> InflatedBytes:
+    """The server's ledger: room for as many bodies of the limit as it has codec threads
+    (each inflates one at a time), and never less than one."""
+    ledger = _LEDGERS.get(server)
+    if ledger is None:
+        threads = getattr(getattr(server, "settings", None), "codec_threads", 1)
+        ledger = _LEDGERS[server] = InflatedBytes(max(1, threads) * limit)
+    return ledger
 
 
 def inflate(data: bytes, coding: str, limit: int, limit_setting: str = "") -> bytes:
