@@ -4,9 +4,9 @@
 
 DIR holds model.pt2 (torch.export.save) or model.pt (torch.jit.save). Writes, next to it:
 
-- metadata.json: what the server derives from the model when the file is absent
-  (the same code, container/smserve/model.py), with a comment on each field, so that
-  what is guessed can be corrected: names, shapes, the batch size, class labels.
+- metadata.json: what the server derives from the model when the file is absent (the
+  same code, container/smserve/engine/loaded_model.py), with a comment on each field,
+  so that what is guessed can be corrected: names, shapes, the batch size, class labels.
 - code/inference.py: the four SageMaker PyTorch hooks, all commented out; uncomment
   the ones you need.
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "container"))
 
 from smserve.core.metadata import METADATA_FILE, ModelMetadata  # noqa: E402
-from smserve.engine.loaded_model import EXPORTED, TORCHSCRIPT  # noqa: E402
+from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError  # noqa: E402
 
 INFERENCE_PY = '''\
 """Hooks for {name}, as in SageMaker's PyTorch toolkit. Each one defined replaces that
@@ -61,22 +61,40 @@ Extra packages: list them in code/requirements.txt (see the README)."""
 '''
 
 
-def derive(model_dir: Path) -> tuple[ModelMetadata, str]:
-    """(metadata, artifact name): exactly what the server derives without metadata.json."""
-    import torch
-
+def derive(model_dir: Path) -> tuple[ModelMetadata, str, str | None]:
+    """(metadata, artifact name, a note on its outputs or None): exactly what the server
+    derives without metadata.json, read the way the server reads the file (a pickle is
+    refused, with how to save the model instead)."""
+    from smserve.engine import artifacts
     from smserve.engine.loaded_model import _metadata_from_export, _metadata_from_torchscript
 
-    if (model_dir / EXPORTED).exists():
-        return _metadata_from_export(torch.export.load(str(model_dir / EXPORTED))), EXPORTED
-    if (model_dir / TORCHSCRIPT).exists():
-        return _metadata_from_torchscript(torch.jit.load(str(model_dir / TORCHSCRIPT), map_location="cpu")), TORCHSCRIPT
+    try:
+        if (model_dir / EXPORTED).exists():
+            return _metadata_from_export(artifacts.load_exported(str(model_dir / EXPORTED))), EXPORTED, None
+        if (model_dir / TORCHSCRIPT).exists():
+            module = artifacts.load_torchscript(str(model_dir / TORCHSCRIPT), map_location="cpu")
+            return _metadata_from_torchscript(module), TORCHSCRIPT, _torchscript_outputs_note(module)
+    except ModelLoadError as e:
+        raise SystemExit(f"model.init: {e}") from None
     raise SystemExit(
         f"model.init: {model_dir} holds neither {EXPORTED} (torch.export.save) nor {TORCHSCRIPT} (torch.jit.save)"
     )
 
 
-def metadata_document(metadata: ModelMetadata, artifact: str, name: str) -> dict:
+def _torchscript_outputs_note(module) -> str:
+    """What forward's return type says about the outputs, for metadata.json's comment."""
+    from smserve.engine.loaded_model import torchscript_output_count
+
+    returned = str(module.forward.schema.returns[0].type) if module.forward.schema.returns else "?"
+    count = torchscript_output_count(module)
+    if count is None:
+        return (f"forward returns {returned}: how many outputs (or, for a dict, their names) is known only "
+                "when it runs, so one is listed here and the server answers every one the model returns "
+                "(a list's as output__0, output__1, ...; a dict's by its keys): list them all here")
+    return f"derived from forward's return type, {returned}: {count} output{'s' if count > 1 else ''}"
+
+
+def metadata_document(metadata: ModelMetadata, artifact: str, name: str, outputs_note: str | None = None) -> dict:
     """metadata.json's content. JSON has no comments: keys starting with '_' carry them,
     and the server ignores every key it does not know."""
     unknown_shape = any(spec.shape is None or -1 in spec.shape for spec in (*metadata.inputs, *metadata.outputs))
@@ -102,7 +120,8 @@ def metadata_document(metadata: ModelMetadata, artifact: str, name: str) -> dict
             "inputs: " + ("the exported graph's placeholder names" if artifact == EXPORTED else
                           "TorchScript forward()'s argument names") + "; requests name inputs this way "
             "(KServe v2). Positional order is the model's.",
-            "outputs: named output__0, output__1, ... in the order the model returns them; rename them freely.",
+            "outputs: named output__0, output__1, ... in the order the model returns them; rename them freely"
+            + (f" ({outputs_note})." if outputs_note else "."),
             "datatype: a KServe v2 name: BOOL, UINT8..UINT64, INT8..INT64, FP16, BF16, FP32, FP64, BYTES.",
             "shape: -1 marks a variable dimension; a raw binary request's shape is deduced from its size, "
             "so give at most one -1 per input. null: not known, any shape is taken (a wrong one fails in "
@@ -137,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.model_dir.is_dir():
         parser.error(f"{args.model_dir} is not a directory")
-    metadata, artifact = derive(args.model_dir)
-    document = metadata_document(metadata, artifact, args.name)
+    metadata, artifact, outputs_note = derive(args.model_dir)
+    document = metadata_document(metadata, artifact, args.name, outputs_note)
     # The server must read back what it would have derived: checked before writing.
     ModelMetadata.from_dict(document)
     write(args.model_dir / METADATA_FILE, json.dumps(document, indent=2) + "\n", args.force)

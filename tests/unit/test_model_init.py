@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -67,12 +68,91 @@ def test_torchscript_model_gets_argument_names_and_unknown_shapes(tmp_path):
     init.main([str(tmp_path / "m")])
     written = ModelMetadata.load(str(tmp_path / "m"))
     assert [s.name for s in written.inputs] == ["features", "mask"]
+    # Its tuple of two is two outputs, from forward's return type: no run needed.
+    assert [s.name for s in written.outputs] == ["output__0", "output__1"]
     # TorchScript keeps no shapes: null ("not known"), not [-1] (which is a 1-D tensor).
     assert all(s.shape is None for s in (*written.inputs, *written.outputs))
     assert written.max_batch_size == 0
     document = json.loads((tmp_path / "m" / "metadata.json").read_text())
     assert [entry["shape"] for entry in document["inputs"]] == [None, None]
     assert any("unknown" in line for line in document["_comment"])
+
+
+@pytest.mark.parametrize("save", ["script", "trace"])
+def test_every_output_of_a_torchscript_tuple_is_listed_as_the_server_derives_it(tmp_path, save):
+    """A traced module keeps its tuple return type too; the server derives the same."""
+    from smserve.engine.loaded_model import load
+
+    (tmp_path / "m").mkdir()
+    example = (torch.zeros(2, 8), torch.zeros(2, 5, dtype=torch.int64))
+    module = torch.jit.script(TwoHeads()) if save == "script" else torch.jit.trace(TwoHeads().eval(), example)
+    torch.jit.save(module, str(tmp_path / "m" / "model.pt"))
+    served = load(str(tmp_path / "m"), torch.device("cpu")).metadata
+    init.main([str(tmp_path / "m")])
+    written = ModelMetadata.load(str(tmp_path / "m"))
+    assert [s.name for s in written.outputs] == [s.name for s in served.outputs] == ["output__0", "output__1"]
+    comment = " ".join(json.loads((tmp_path / "m" / "metadata.json").read_text())["_comment"])
+    assert "Tuple[Tensor, Tensor]: 2 outputs" in comment
+
+
+class ListOut(torch.nn.Module):
+    def forward(self, x) -> list[torch.Tensor]:
+        return [x, x * 2, x * 3]
+
+
+def test_a_torchscript_list_says_in_the_file_that_more_outputs_may_exist(tmp_path):
+    (tmp_path / "m").mkdir()
+    torch.jit.save(torch.jit.script(ListOut()), str(tmp_path / "m" / "model.pt"))
+    init.main([str(tmp_path / "m")])
+    comment = " ".join(json.loads((tmp_path / "m" / "metadata.json").read_text())["_comment"])
+    assert "List[Tensor]" in comment and "known only when it runs" in comment and "list them all here" in comment
+
+
+def _init_in_a_process(model_dir):
+    return subprocess.run([sys.executable, "-m", "model.init", str(model_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("artifact", ["model.pt", "model.pt2"])
+def test_a_pickled_module_is_named_so_with_the_saves_that_work(tmp_path, artifact):
+    (tmp_path / "m").mkdir()
+    torch.save(TwoHeads(), str(tmp_path / "m" / artifact))
+    result = _init_in_a_process(tmp_path / "m")
+    assert result.returncode != 0
+    message = result.stderr
+    assert re.search(r"model\.pt2? is a pickled module \([\w.]*TwoHeads\), saved with torch\.save", message)
+    assert "torch.export.save(" in message and "torch.jit.save(" in message
+    # Not torch's "PytorchStreamReader failed locating file constants.pkl ... corrupted".
+    assert "PytorchStreamReader" not in message and "Traceback" not in message and "corrupted" not in message
+    assert len(message.strip().splitlines()) == 1
+    assert not (tmp_path / "m" / "metadata.json").exists()
+
+
+def test_a_state_dict_is_named_so_with_where_to_load_it(tmp_path):
+    (tmp_path / "m").mkdir()
+    torch.save(TwoHeads().state_dict(), str(tmp_path / "m" / "model.pt"))
+    result = _init_in_a_process(tmp_path / "m")
+    assert result.returncode != 0
+    assert "is a state_dict (weights only, no code)" in result.stderr
+    assert "model_fn(model_dir)" in result.stderr and "weights_only=True" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_export_program_named_model_pt_is_told_its_name(tmp_path):
+    export_two_heads(tmp_path / "m")
+    (tmp_path / "m" / "model.pt2").rename(tmp_path / "m" / "model.pt")
+    result = _init_in_a_process(tmp_path / "m")
+    assert result.returncode != 0
+    assert "is a torch.export program (torch.export.save): name it model.pt2, not model.pt" in result.stderr
+
+
+def test_the_server_refuses_a_pickled_module_with_the_same_words(tmp_path):
+    from smserve.engine.loaded_model import ModelLoadError, load
+
+    (tmp_path / "m").mkdir()
+    torch.save(TwoHeads(), str(tmp_path / "m" / "model.pt"))
+    with pytest.raises(ModelLoadError, match=r"is a pickled module .* torch\.export\.save"):
+        load(str(tmp_path / "m"), torch.device("cpu"))
 
 
 def test_the_metadata_written_for_torchscript_serves_a_batch_of_records(tmp_path):

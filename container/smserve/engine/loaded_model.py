@@ -30,20 +30,16 @@ import torch
 
 from smserve.core import datatypes
 from smserve.errors import BadRequest
+from smserve.engine import artifacts
+from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
 from smserve.engine.hooks import Hooks, load_hooks
 from smserve.core.metadata import METADATA_FILE, ModelMetadata, TensorSpec
 from smserve.engine.staging import HostStaging
 
 log = logging.getLogger(__name__)
 
-EXPORTED = "model.pt2"
-TORCHSCRIPT = "model.pt"
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF = (np.dtype(np.float16),)
-
-
-class ModelLoadError(RuntimeError):
-    pass
 
 
 def choose_device(preference: str, worker_index: int) -> torch.device:
@@ -315,14 +311,14 @@ def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mo
         model = hooks.model_fn(model_dir)
         platform = "pytorch_custom"
     elif os.path.exists(os.path.join(model_dir, EXPORTED)):
-        program = torch.export.load(os.path.join(model_dir, EXPORTED))
+        program = artifacts.load_exported(os.path.join(model_dir, EXPORTED))
         model = program.module().to(device)
         platform = "pytorch_torchexport"
         if metadata is None:
             metadata = _metadata_from_export(program)
             _log_derived(model_dir, EXPORTED, metadata)
     elif os.path.exists(os.path.join(model_dir, TORCHSCRIPT)):
-        model = torch.jit.load(os.path.join(model_dir, TORCHSCRIPT), map_location=device).eval()
+        model = artifacts.load_torchscript(os.path.join(model_dir, TORCHSCRIPT), map_location=device)
         platform = "pytorch_torchscript"
         if metadata is None:
             metadata = _metadata_from_torchscript(model)
@@ -384,7 +380,8 @@ def _spec_from_fake(name: str, value) -> TensorSpec:
 def _metadata_from_torchscript(model) -> ModelMetadata:
     """TorchScript keeps argument names, not shapes (a traced module forgets its
     example's once saved): inputs are named, their shapes unknown (None), so requests
-    of any rank reach the model as sent.
+    of any rank reach the model as sent. Its return type says how many outputs there
+    are: a tuple of n is output__0 ... output__{n-1}.
 
     No dynamic batching (max_batch_size 0): nothing in the file says dimension 0 is a
     batch, and concatenating requests (or splitting a big one) along a dimension that
@@ -397,8 +394,22 @@ def _metadata_from_torchscript(model) -> ModelMetadata:
     return ModelMetadata(
         platform="pytorch_torchscript",
         inputs=tuple(TensorSpec(n, "FP32", None) for n in names),
-        outputs=(TensorSpec("output__0", "FP32", None),),
+        outputs=tuple(TensorSpec(f"output__{i}", "FP32", None) for i in range(torchscript_output_count(model) or 1)),
     )
+
+
+def torchscript_output_count(model) -> int | None:
+    """How many outputs forward returns: 1 for a tensor, n for a tuple of n; None when
+    its type cannot say (a list or a dict: counted or named only when it runs)."""
+    try:
+        returned = model.forward.schema.returns[0].type
+    except (AttributeError, IndexError, RuntimeError):
+        return None
+    if isinstance(returned, torch.TupleType):
+        return len(returned.elements())
+    if isinstance(returned, (torch.ListType, torch.DictType)):
+        return None
+    return 1
 
 
 def _log_derived(model_dir: str, artifact: str, metadata: ModelMetadata) -> None:

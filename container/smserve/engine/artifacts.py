@@ -1,0 +1,110 @@
+"""The model file in a model directory: which kind it is, told from its zip entries
+before torch reads it, so that a wrong file gets a message saying what it is and how
+to save the right one, instead of torch's "PytorchStreamReader failed locating file
+constants.pkl ... corrupted".
+
+Nothing here unpickles anything, and torch is imported only to load: `serve` and the
+gunicorn master read the constants and ModelLoadError without paying for torch.
+"""
+
+from __future__ import annotations
+
+import os
+import pickletools
+import zipfile
+
+EXPORTED = "model.pt2"
+TORCHSCRIPT = "model.pt"
+
+# The two forms that load without the model's Python class.
+SAVE_FORMS = (
+    "torch.export.save(torch.export.export(model, example_inputs), 'model.pt2') (preferred), "
+    "or torch.jit.save(torch.jit.script(model), 'model.pt') (or torch.jit.trace(model, example_inputs))"
+)
+SAVE_IT_RIGHT = ("save the module in a form that loads without its Python class: " + SAVE_FORMS
+                 + "; or load it yourself in code/inference.py's model_fn(model_dir)")
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be loaded, for a reason the message names in full."""
+
+
+def kind(path: str) -> str:
+    """"export" (a torch.export.save archive), "torchscript" (torch.jit.save), "pickle"
+    (torch.save of a module or a state_dict), "empty", or "unknown"."""
+    if os.path.getsize(path) == 0:
+        return "empty"
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            # Protocol 2+ pickles start with PROTO: torch.save's legacy format.
+            return "pickle" if f.read(1) == b"\x80" else "unknown"
+    with zipfile.ZipFile(path) as archive:
+        names = {name.split("/", 1)[-1] for name in archive.namelist()}
+    if "archive_format" in names:
+        return "export"
+    if "constants.pkl" in names:
+        return "torchscript"
+    if "data.pkl" in names:
+        return "pickle"
+    return "unknown"
+
+
+def pickled_object(path: str) -> str:
+    """What a torch.save file holds, by the first class its pickle names (read with
+    pickletools, which does not execute it): "a pickled module (__main__.Net)", "a
+    state_dict (weights only)", or "a pickle"."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = next(archive.read(n) for n in archive.namelist() if n.split("/", 1)[-1] == "data.pkl")
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name == "GLOBAL":
+                module, _, name = str(arg).partition(" ")
+                if (module, name) in (("collections", "OrderedDict"), ("__builtin__", "dict"), ("builtins", "dict")):
+                    return "a state_dict (weights only, no code)"
+                return f"a pickled module ({module}.{name})"
+    except (OSError, StopIteration, ValueError, zipfile.BadZipFile, KeyError):
+        pass
+    return "a pickle"
+
+
+def check(path: str) -> None:
+    """ModelLoadError when path is plainly not the kind its name promises (model.pt2:
+    torch.export, model.pt: TorchScript), saying what it is instead and what to do. A
+    file of no kind known here (an older torch's format?) is left for torch to judge."""
+    expected = "export" if os.path.basename(path) == EXPORTED else "torchscript"
+    found = kind(path)
+    if found in (expected, "unknown"):
+        return
+    name = os.path.basename(path)
+    if found == "pickle":
+        what = pickled_object(path) if zipfile.is_zipfile(path) else "a pickle"
+        if what.startswith("a state_dict"):
+            raise ModelLoadError(
+                f"{path} is {what}, saved with torch.save: the server loads a whole model, never a pickle. "
+                "Save the module instead: " + SAVE_FORMS + "; or build it in code/inference.py's "
+                "model_fn(model_dir) and load these weights there with torch.load(path, weights_only=True)")
+        wanted = "a torch.export program" if expected == "export" else "TorchScript"
+        raise ModelLoadError(
+            f"{path} is {what}, saved with torch.save, not {wanted}: the server never unpickles "
+            "(a pickle runs code, and needs your class to load). To serve it, " + SAVE_IT_RIGHT)
+    if found == "export":
+        raise ModelLoadError(f"{path} is a torch.export program (torch.export.save): name it {EXPORTED}, not {name}")
+    if found == "torchscript":
+        raise ModelLoadError(f"{path} is a TorchScript module (torch.jit.save): name it {TORCHSCRIPT}, not {name}")
+    raise ModelLoadError(f"{path} is empty: {SAVE_IT_RIGHT}")
+
+
+def load_exported(path: str):
+    """The torch.export program in path (model.pt2)."""
+    check(path)
+    import torch
+
+    return torch.export.load(path)
+
+
+def load_torchscript(path: str, map_location=None):
+    """The TorchScript module in path (model.pt), in eval mode."""
+    check(path)
+    import torch
+
+    return torch.jit.load(path, map_location=map_location).eval()
