@@ -18,6 +18,7 @@ import requests
 from sklearn.datasets import load_digits
 
 from tests.container.support import REPO, Container, run, torch_version
+from tests.helpers.models import slow_predict
 
 # Building from scratch (base image, torch layer) takes minutes; later runs reuse both.
 pytestmark = pytest.mark.timeout(2400)
@@ -216,13 +217,7 @@ def test_model_code_may_start_processes_while_loading(start_container, model_cop
 def slow_model_dir(model_copy) -> Path:
     """The example model with a predict_fn that sleeps, so requests stay in flight long
     enough to send SIGTERM in the middle of them."""
-    return model_copy(
-        "import time\n\nimport torch\n\n\n"
-        "def predict_fn(data, model):\n"
-        f"    time.sleep({SLOW_PREDICT_S})\n"
-        "    with torch.inference_mode():\n"
-        "        return model(data)\n"
-    )
+    return model_copy(slow_predict(SLOW_PREDICT_S))
 
 
 @pytest.mark.container

@@ -23,6 +23,7 @@ import pytest
 from deploy.stream import printable
 from tests.deploy.eventstream import ChunkedServer, SageMakerStreamAdapter
 from tests.deploy.support import REGION, REPO_ROOT, one_error_line
+from tests.helpers.models import STREAMING_HOOKS, model_dir_with
 
 ENDPOINT = "textgen"
 
@@ -208,33 +209,11 @@ def cli_in_process(capsys):
 # ---------------------------------------------------------------- the real server
 
 
-STREAMING_MODEL = '''
-import json
-import time
-
-
-def model_fn(model_dir):
-    return "words"
-
-
-def input_fn(body, content_type):
-    return json.loads(body)
-
-
-def predict_fn(data, model):
-    for i in range(int(data["n"])):
-        time.sleep(float(data.get("pause", 0)))
-        yield {"token": i, "text": "w%d" % i}
-'''
-
-
 @pytest.fixture(scope="module")
 def streaming_server(tmp_path_factory):
     from local_test.server_process import ServerProcess
 
-    model_dir = tmp_path_factory.mktemp("streaming-model")
-    (model_dir / "code").mkdir()
-    (model_dir / "code" / "inference.py").write_text(STREAMING_MODEL)
+    model_dir = model_dir_with(tmp_path_factory.mktemp("streaming-model"), STREAMING_HOOKS, "words")
     log = tmp_path_factory.mktemp("streaming-log") / "server.log"
     with ServerProcess(model_dir, log_path=log) as server:
         yield server

@@ -15,17 +15,12 @@ import pytest
 import requests
 
 from tests.integration.http_raw import Reader, connect, json_request, request_bytes
+from tests.helpers.models import slow_predict
 
 CONNECTIONS = 32
 # Each batch takes a while, so at SIGTERM most requests are still queued, unread or
 # unanswered: exactly the ones a careless drain loses.
-SLOW_PREDICT = '''
-import time
-
-def predict_fn(data, model):
-    time.sleep(0.05)
-    return model(data)
-'''
+SLOW_PREDICT = slow_predict(0.05)
 
 
 def _pixels(i: int) -> list[list[float]]:

@@ -11,26 +11,10 @@ import pytest
 import requests
 
 from local_test.server_process import ServerProcess
+from tests.helpers.models import echo_hooks
 
-SLOW_LOADING = '''
-import json
-import time
-
-import numpy as np
-
-
-def model_fn(model_dir):
-    time.sleep(3)  # /ping answers 503 meanwhile
-    return "echo"
-
-
-def input_fn(body, content_type):
-    return json.loads(body)
-
-
-def predict_fn(data, model):
-    return np.asarray(data["x"], dtype=np.float32) * 2
-'''
+# An echo model whose model_fn takes 3 s: /ping answers 503 meanwhile.
+SLOW_LOADING = echo_hooks(load_s=3)
 
 
 def _start_and_use(model_dir, log_path, env):

@@ -10,13 +10,9 @@ import time
 import numpy as np
 import requests
 
-SLOW_PREDICT = '''
-import time
+from tests.helpers.models import slow_predict
 
-def predict_fn(data, model):
-    time.sleep(4)
-    return model(data)
-'''
+SLOW_PREDICT = slow_predict(4)
 IN_FLIGHT = 6
 
 

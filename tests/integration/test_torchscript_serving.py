@@ -20,6 +20,7 @@ from tritonclient.http import InferenceServerClient, InferInput, InferRequestedO
 
 from local_test.server_process import ServerProcess
 from model import init
+from tests.helpers.servers import start_all
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 X = (np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 17) / 4  # 3 records of 64, as digits.csv
@@ -36,15 +37,30 @@ def build(directory, kind: str) -> torch.nn.Module:
     return net
 
 
-@pytest.fixture(scope="module", params=["script", "trace", "script+new-model"])
-def served(request, tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("torchscript") / request.param
-    net = build(model_dir, request.param)
-    with torch.no_grad():
-        expected = net(torch.from_numpy(X)).numpy()
-    server = ServerProcess(model_dir, log_path=model_dir.parent / "server.log")
-    with server.start():
-        yield server, expected, net
+KINDS = ["script", "trace", "script+new-model"]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """kind -> (server, expected answers, net): one server a kind, started side by side."""
+    built = {}
+    for kind in KINDS:
+        model_dir = tmp_path_factory.mktemp("torchscript") / kind
+        net = build(model_dir, kind)
+        with torch.no_grad():
+            expected = net(torch.from_numpy(X)).numpy()
+        built[kind] = (ServerProcess(model_dir, log_path=model_dir.parent / "server.log"), expected, net)
+    start_all(server for server, _, _ in built.values())
+    try:
+        yield built
+    finally:
+        for server, _, _ in built.values():
+            server.terminate()
+
+
+@pytest.fixture(params=KINDS)
+def served(request, servers):
+    return servers[request.param]
 
 
 def npy(array: np.ndarray) -> bytes:
