@@ -17,6 +17,9 @@ DEFAULT_MODEL_DIR = "/opt/ml/model"
 BATCH_STRATEGIES = ("SINGLE_RECORD", "MULTI_RECORD")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# SAGEMAKER_CONTAINER_LOG_LEVEL as the SageMaker SDK sets it (logging's numbers), or a name.
+_LOG_LEVEL_NUMBERS = {"10": "debug", "20": "info", "30": "warning", "40": "error", "50": "critical"}
+_LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}
 AUTOCAST_MODES = ("off", "fp16", "bf16")
 # torch.compile's own mode names, plus off.
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -84,8 +87,11 @@ class Settings:
     # the loaded module before its warm-up; both off unless asked for (model.py).
     autocast: str = "off"
     compile_mode: str = "off"
+    # SMSERVE_LOG_LEVEL, else SAGEMAKER_CONTAINER_LOG_LEVEL (the SDK's container_log_level).
     log_level: str = "info"
     log_format: str = "text"
+    # GET /metrics and the recording behind it (off: no route, nothing recorded).
+    metrics: bool = True
 
     @property
     def job_sets_no_payload_limit(self) -> bool:
@@ -123,9 +129,9 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
         values = {}
-        for name, (variable, parse) in _VARIABLES.items():
+        for name, (variable, parse) in [*_VARIABLES.items(), *_FALLBACKS.items()]:
             raw = env.get(variable)
-            if raw is None or raw.strip() == "":
+            if raw is None or raw.strip() == "" or name in values:
                 continue
             try:
                 values[name] = parse(raw.strip())
@@ -218,6 +224,15 @@ def _concurrent_transforms(raw: str) -> int | None:
     return _whole_number(raw, 0, None, "must be a whole number >= 0 (0: not set)") or None
 
 
+def _log_level(raw: str) -> str:
+    """A level name (any case), or logging's number for one (the SDK writes "20")."""
+    value = _LOG_LEVEL_NUMBERS.get(raw) or _LOG_LEVEL_ALIASES.get(raw.lower()) or raw.lower()
+    if value not in LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)} or logging's number for one "
+                         f"({', '.join(_LOG_LEVEL_NUMBERS)})")
+    return value
+
+
 def _device(raw: str) -> str:
     value = raw.lower()
     if value in ("auto", "cpu", "cuda"):
@@ -252,6 +267,11 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "device": (PREFIX + "DEVICE", _device),
     "autocast": (PREFIX + "AUTOCAST", _one_of(AUTOCAST_MODES)),
     "compile_mode": (PREFIX + "COMPILE", _one_of(COMPILE_MODES)),
-    "log_level": (PREFIX + "LOG_LEVEL", _one_of(LOG_LEVELS)),
+    "log_level": (PREFIX + "LOG_LEVEL", _log_level),
     "log_format": (PREFIX + "LOG_FORMAT", _one_of(LOG_FORMATS)),
+    "metrics": (PREFIX + "METRICS", _bool),
+}
+# Read when the field's own variable is unset: SageMaker's name for the same setting.
+_FALLBACKS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "log_level": ("SAGEMAKER_CONTAINER_LOG_LEVEL", _log_level),
 }

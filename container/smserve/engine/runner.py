@@ -22,6 +22,7 @@ from gevent.queue import Queue
 from gevent.threadpool import ThreadPool
 from gevent import monkey
 
+from smserve import metrics
 from smserve.errors import BadRequest, HTTPError, ServerError
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class _Pending:
     inputs: Arrays
     rows: int
     result: AsyncResult = field(default_factory=AsyncResult)
+    queued: float = field(default_factory=time.monotonic)
 
     def signature(self) -> tuple:
         # Requests batch together only when everything but dimension 0 agrees.
@@ -63,14 +65,21 @@ class Runner:
         self._queue: Queue = Queue()
         self._held: _Pending | None = None  # taken from the queue but did not fit the last batch
         self._batcher = None
+        # The model's metrics (its name is known once it is loaded: start).
+        self.stats = metrics.ModelStats(None)
 
     def call(self, fn: Callable, *args):
         """Run fn on the inference thread; the calling greenlet waits, the loop does not."""
         return self.pool.apply(_holding, (self.model_lock, fn, args))
 
     def start(self, predict: Callable[[Arrays], Arrays], max_batch_size: int | None = None,
-              stage: Stage | None = None) -> None:
-        """stage: where a batch's inputs are concatenated (a GPU model's pinned buffers)."""
+              stage: Stage | None = None, name: str | None = None) -> None:
+        """stage: where a batch's inputs are concatenated (a GPU model's pinned buffers).
+        name: the model's, which labels its metrics. Whoever unloads the model later
+        says so with `runner.stats.ready(False)`; its counters stay."""
+        if name is not None:
+            self.stats = metrics.model(name)
+            self.stats.ready(True)
         self._predict = _guarded(predict)
         if stage is not None:
             self._stage = stage
@@ -98,7 +107,7 @@ class Runner:
         if self._predict is None:
             raise ServerError("model is not loaded")
         if self.max_batch_size <= 0 or not inputs:
-            yield self.call(self._predict, inputs)
+            yield self.call_pass(self._predict, inputs, records=lambda: records_in(inputs))
             return
         rows = _rows(inputs)
         chunks = [
@@ -106,10 +115,28 @@ class Runner:
                      min(self.max_batch_size, rows - start))
             for start in range(0, max(rows, 1), self.max_batch_size)
         ]
-        for chunk in chunks:
-            self._queue.put(chunk)
-        for chunk in chunks:
-            yield chunk.result.get()
+        self.stats.pending(1)
+        try:
+            for chunk in chunks:
+                self._queue.put(chunk)
+            for chunk in chunks:
+                yield chunk.result.get()
+        finally:
+            self.stats.pending(-1)
+
+    def call_pass(self, fn: Callable, *args, records: Callable[[], int]):
+        """fn on the inference thread as one forward pass outside the batcher (an
+        unbatched model, a user's hooks), counted as the batcher counts its passes.
+        records(): how many records the pass held, asked once it ended well."""
+        queued = time.monotonic()
+        self.stats.pending(1)
+        try:
+            started, result = self.call(_timed, fn, args)
+        finally:
+            self.stats.pending(-1)
+        self.stats.waited(queued, started)
+        self.stats.ran(records())
+        return result
 
     def _batch_loop(self) -> None:
         while True:
@@ -142,6 +169,9 @@ class Runner:
 
     def _run(self, batch: list[_Pending]) -> None:
         self.passes_run += 1
+        started = time.monotonic()
+        for item in batch:
+            self.stats.waited(item.queued, started)
         if len(batch) > 1:
             self.batched_passes += 1
             log.debug("pass of %d requests (%d rows); %d of %d passes batched so far",
@@ -158,6 +188,7 @@ class Runner:
             for item in batch:
                 self._run_alone(item)
             return
+        self.stats.ran(sum(item.rows for item in batch))
         for item, part in zip(batch, parts):
             item.result.set(part)
 
@@ -168,7 +199,9 @@ class Runner:
 
     def _run_alone(self, item: _Pending) -> None:
         try:
-            item.result.set(self.call(self._predict, item.inputs))
+            outputs = self.call(self._predict, item.inputs)
+            self.stats.ran(item.rows)
+            item.result.set(outputs)
         except HTTPError as e:
             item.result.set_exception(e)
 
@@ -210,6 +243,24 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
             raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
 
     return run
+
+
+def _timed(fn, args):
+    """fn's result, with when it started (after its wait for the inference thread)."""
+    return time.monotonic(), fn(*args)
+
+
+def records_in(data) -> int:
+    """The records a model's input holds, for the metrics: dimension 0 of its (first)
+    array or tensor, or its length; 1 for anything else."""
+    if isinstance(data, dict) and data:
+        data = next(iter(data.values()))
+    shape = getattr(data, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else 1
+    if isinstance(data, (list, tuple)):
+        return len(data)
+    return 1
 
 
 def _concatenate(name: str, parts: list[np.ndarray]) -> np.ndarray:

@@ -19,7 +19,7 @@ from smserve.engine import hardware, readiness
 from smserve.codecs import simple
 from smserve.errors import BadRequest, HTTPError, ServerError, Unavailable
 from smserve.core.metadata import ModelMetadata
-from smserve.engine.runner import Runner
+from smserve.engine.runner import Runner, records_in
 from smserve.settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class ModelServer:
         max_batch = self.settings.max_batch_size or self.model.metadata.max_batch_size
         if self.model.metadata.max_batch_size == 0:
             max_batch = 0  # the model takes whole tensors; never concatenate requests
-        self.runner.start(self.model.predict, max_batch, stage=self.model.stage)
+        self.runner.start(self.model.predict, max_batch, stage=self.model.stage, name=self.model.metadata.name)
         _freeze_heap()
         self.status = READY
         if self.state_dir:
@@ -207,8 +207,8 @@ class ModelServer:
         model = self.model
         hooks = model.hooks
 
-        def chain():
-            prediction = self._hook_predict(self._hook_input(message))
+        def chain(data):
+            prediction = self._hook_predict(data)
             if _is_stream(prediction):
                 return prediction
             if encode is None:
@@ -220,13 +220,24 @@ class ModelServer:
                 return (body_out.encode() if isinstance(body_out, str) else bytes(body_out)), media
             return encode(model.outputs_to_numpy(prediction))
 
-        return self.runner.call(chain)
+        return self._hooks_pass(message, chain)
 
     def stream_with_hooks(self, message, stream_format) -> Iterator[bytes]:
         """A streaming predict_fn's answer, chunk by chunk."""
         self.check_ready()
-        iterator = self.runner.call(lambda: self._hook_predict(self._hook_input(message)))
+        iterator = self._hooks_pass(message, self._hook_predict)
         return self.stream_items(iterator, stream_format)
+
+    def _hooks_pass(self, message, then):
+        """input_fn (or the built-in decoder), then then(data), on the inference thread:
+        one forward pass in the metrics, of the records input_fn gave."""
+        decoded = []
+
+        def run():
+            decoded.append(self._hook_input(message))
+            return then(decoded[0])
+
+        return self.runner.call_pass(run, records=lambda: records_in(decoded[0]))
 
     def stream_items(self, iterator, stream_format) -> Iterator[bytes]:
         """Advance a model's iterator on the inference thread, one item per hop, so

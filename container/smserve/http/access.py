@@ -1,9 +1,11 @@
-"""One access-log line per request, with fields CloudWatch can filter on.
+"""One access-log line per request, with fields CloudWatch can filter on, and the
+request's metrics.
 
 Written by the worker after each answer, instead of gunicorn's access log: SageMaker
 pings every few seconds, so a successful /ping is logged at DEBUG, and in JSON mode
 each line carries its fields (method, path, route, status, bytes, latency, inference
-id, request id, worker) instead of one preformatted message.
+id, request id, worker) instead of one preformatted message. Every HTTP request passes here once,
+answered, so its metrics (count by route and status, duration) are recorded here too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import logging
 import os
 import time
+
+from smserve import metrics
 
 log = logging.getLogger("smserve.access")
 
@@ -53,6 +57,7 @@ def log_request(environ: dict, status: int, sent: int, started: float, quiet: bo
     own rule, if it has one, then names it)."""
     seconds = time.monotonic() - started
     route = route or _app_rule(environ) or UNMATCHED
+    metrics.request(route, status, seconds)
     level = logging.DEBUG if status == 200 and quiet else logging.INFO
     if not log.isEnabledFor(level):
         return

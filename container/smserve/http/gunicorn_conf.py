@@ -7,6 +7,10 @@ after fork (CUDA cannot survive a fork).
 import os
 import shutil
 
+# Imported here, in the master, before any fork: the workers inherit prometheus_client's
+# value lock as a real thread lock, not the gevent one their monkey-patching would give.
+from prometheus_client import multiprocess
+
 from smserve.engine import hardware, readiness
 from smserve import logs
 from smserve.settings import Settings
@@ -63,6 +67,10 @@ def child_exit(server, worker):
     state_dir = os.environ.get("SMSERVE_STATE_DIR")
     if state_dir and getattr(worker, "smserve_index", None) is not None:
         readiness.clear(state_dir, worker.smserve_index)
+    # Its live gauges (pending requests, memory, sessions open, model ready) go with it;
+    # its counters' and histograms' files stay, so their sums never go backwards.
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(worker.pid)
 
 
 def worker_exit(server, worker):
@@ -71,7 +79,8 @@ def worker_exit(server, worker):
 
 
 def on_exit(server):
-    # serve made this folder for the workers' ready markers; nothing needs it now.
-    if os.environ.get("SMSERVE_STATE_DIR"):
-        shutil.rmtree(os.environ["SMSERVE_STATE_DIR"], ignore_errors=True)
+    # serve made these folders for the workers' ready markers and metric files.
+    for folder in ("SMSERVE_STATE_DIR", "PROMETHEUS_MULTIPROC_DIR"):
+        if os.environ.get(folder):
+            shutil.rmtree(os.environ[folder], ignore_errors=True)
     server.log.info("shutdown complete")

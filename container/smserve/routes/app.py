@@ -14,6 +14,7 @@ import logging
 import flask
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
+from smserve import metrics
 from smserve.engine.server import ModelServer, worker_slot_from_env
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.routes import endpoints
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None, server: ModelServer | None = None) -> flask.Flask:
     settings = settings or Settings.from_env()
+    if settings.metrics:
+        metrics.enable()  # before the model loads: its runner reports through them
     if server is None:
         server = ModelServer(settings, **worker_slot_from_env())
         server.start()

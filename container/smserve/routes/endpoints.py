@@ -10,6 +10,7 @@ import orjson
 
 from smserve.routes import sagemaker
 from smserve.routes.kserve import KServeRoutes
+from smserve.routes.metrics import MetricsRoutes
 from smserve.routes.sagemaker import SageMakerRoutes
 from smserve.routes.table import Request, Response, RouteTable, json_response
 from smserve.settings import Settings
@@ -30,6 +31,10 @@ def build(server, settings: Settings) -> RouteTable:
         table.add("GET", model, kserve.model_metadata)
         table.add("GET", model + "/ready", kserve.model_ready)
         table.add("POST", model + "/infer", kserve.infer)
+
+    if settings.metrics:
+        # Scraped every few seconds: a success is logged at DEBUG, like /ping.
+        table.add("GET", "/metrics", MetricsRoutes(server).metrics, quiet=True)
 
     table.add("GET", "/", _index(table))
     return table

@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 import numpy as np
 import orjson
 
+from smserve import metrics
 from smserve.errors import HTTPError, NotAcceptable
 
 log = logging.getLogger(__name__)
@@ -113,14 +114,17 @@ def reply(server, chunks: Iterator[bytes], stream_format: StreamFormat):
         if close:
             close()
         raise
+    metrics.stream_started()
     return Reply(_after_first(first, chunks, stream_format), {"Content-Type": stream_format.media, **STREAM_HEADERS})
 
 
 def _after_first(first: bytes | None, chunks: Iterator[bytes], stream_format: StreamFormat) -> Iterator[bytes]:
     try:
         if first is not None:
+            metrics.stream_chunk()
             yield first
         for chunk in chunks:
+            metrics.stream_chunk()
             yield chunk
         end = stream_format.end()
         if end:

@@ -54,6 +54,7 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from wsproto.utilities import LocalProtocolError, generate_accept_token
 
+from smserve import metrics
 from smserve.http import access, turns
 from smserve.protocols import dispatch as protocols
 from smserve.codecs import simple
@@ -181,6 +182,7 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
     writer.sendall(accept_response(req))
     session = Session(worker, sock, writer, req, leftover, addr)
     worker.sessions.add(session)
+    metrics.websocket_session(opened=True)
     # After the add: begin_drain sets `alive` before it walks the sessions, so every
     # session is told, by begin_drain or here.
     if not getattr(worker, "alive", True):
@@ -189,6 +191,7 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
         session.run()
     finally:
         worker.sessions.discard(session)
+        metrics.websocket_session(opened=False)
         access.log_request(environ, 101, session.sent, started, route=PATH)
         log.info("session from %s closed %s after %d message(s) in, %d out",
                  environ["REMOTE_ADDR"], session.close_code, session.received, session.answered)
@@ -412,6 +415,7 @@ class Session:
         if event.message_finished:
             self.inbound = None
             self.received += 1
+            metrics.websocket_message()
             self._deliver(inbound.message())
 
     def _deliver(self, message) -> None:

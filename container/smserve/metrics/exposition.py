@@ -1,0 +1,29 @@
+"""GET /metrics: every worker's metrics in one answer, Prometheus text or OpenMetrics.
+
+Collecting reads and merges one file per metric type per worker (the exited ones'
+counters too), so its cost grows with workers x series: the route runs it on a codec
+thread, never on the event loop, and holds no lock the inference path takes (the files
+are read without prometheus_client's value lock).
+"""
+
+from __future__ import annotations
+
+import os
+
+from smserve import metrics
+
+
+def collect(accept: str | None) -> tuple[bytes, str]:
+    """(body, Content-Type) as the scraper's Accept asks: OpenMetrics when it names
+    application/openmetrics-text, else Prometheus text 0.0.4."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import choose_encoder
+
+    registry = metrics.registry()
+    if registry is None:  # multiprocess mode: the files are the truth
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    encode, content_type = choose_encoder(accept or "")
+    return encode(registry), content_type
