@@ -90,6 +90,10 @@ class Settings:
     # SMSERVE_LOG_LEVEL, else SAGEMAKER_CONTAINER_LOG_LEVEL (the SDK's container_log_level).
     log_level: str = "info"
     log_format: str = "text"
+    # A model that fails to load stops the server (exit 3) instead of leaving it up with
+    # /ping at 500. For local runs (`make serve` sets it): under SageMaker the container
+    # stays up, so that the endpoint reports the failure and the log says why.
+    exit_on_load_error: bool = False
     # GET /metrics and the recording behind it (off: no route, nothing recorded).
     metrics: bool = True
 
@@ -269,6 +273,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "compile_mode": (PREFIX + "COMPILE", _one_of(COMPILE_MODES)),
     "log_level": (PREFIX + "LOG_LEVEL", _log_level),
     "log_format": (PREFIX + "LOG_FORMAT", _one_of(LOG_FORMATS)),
+    "exit_on_load_error": (PREFIX + "EXIT_ON_LOAD_ERROR", _bool),
     "metrics": (PREFIX + "METRICS", _bool),
 }
 # Read when the field's own variable is unset: SageMaker's name for the same setting.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from typing import Callable
 HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "stream_fn")
 CODE_DIR = "code"
 SCRIPT = "inference.py"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,4 +58,8 @@ def load_hooks(model_dir: str) -> Hooks:
     sys.modules["inference"] = module
     spec.loader.exec_module(module)
     found = {name: getattr(module, name) for name in HOOK_NAMES if callable(getattr(module, name, None))}
+    # Which of the user's hooks replace a built-in step, said once at start: a typo'd
+    # name (predict instead of predict_fn) shows here as a hook missing.
+    log.info("hooks: %s from %s/%s", ", ".join(found) or f"none (it defines none of {', '.join(HOOK_NAMES)})",
+             CODE_DIR, SCRIPT)
     return Hooks(**found)

@@ -69,8 +69,15 @@ class Runner:
         self.stats = metrics.ModelStats(None)
 
     def call(self, fn: Callable, *args):
-        """Run fn on the inference thread; the calling greenlet waits, the loop does not."""
-        return self.pool.apply(_holding, (self.model_lock, fn, args))
+        """Run fn on the inference thread; the calling greenlet waits, the loop does not.
+        fn's exception is raised here, in the caller. It travels back as a value: raised
+        out of a pool's function, gevent's hub prints its own traceback to stderr
+        ("<ThreadPoolWorker> failed with ..."), as plain text whatever the log format,
+        for what is often a 400 or a 500 logged already."""
+        ok, value = self.pool.apply(_holding, (self.model_lock, fn, args))
+        if ok:
+            return value
+        raise value
 
     def start(self, predict: Callable[[Arrays], Arrays], max_batch_size: int | None = None,
               stage: Stage | None = None, name: str | None = None) -> None:
@@ -107,7 +114,11 @@ class Runner:
         if self._predict is None:
             raise ServerError("model is not loaded")
         if self.max_batch_size <= 0 or not inputs:
-            yield self.call_pass(self._predict, inputs, records=lambda: records_in(inputs))
+            try:
+                yield self.call_pass(self._predict, inputs, records=lambda: records_in(inputs))
+            except HTTPError as e:
+                log_model_failure(e)
+                raise
             return
         rows = _rows(inputs)
         chunks = [
@@ -203,6 +214,7 @@ class Runner:
             self.stats.ran(item.rows)
             item.result.set(outputs)
         except HTTPError as e:
+            log_model_failure(e)
             item.result.set_exception(e)
 
 
@@ -227,11 +239,16 @@ def yield_cpu_to_the_loop() -> None:
 
 def _holding(lock, fn, args):
     with lock:
-        return fn(*args)
+        try:
+            return True, fn(*args)
+        except Exception as e:  # noqa: BLE001 - raised again by Runner.call, in the caller
+            return False, e
 
 
 def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
-    """The model's own exceptions become a 500 that carries their message."""
+    """The model's own exceptions become a 500 that carries their message (and the
+    exception as its cause, for log_model_failure). Not logged here: a batched pass that
+    fails is run again request by request, and only those answers are final."""
 
     def run(inputs: Arrays) -> Arrays:
         try:
@@ -239,10 +256,17 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
         except HTTPError:
             raise
         except Exception as e:
-            log.exception("model failed")
             raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
 
     return run
+
+
+def log_model_failure(error: HTTPError) -> None:
+    """One ERROR record, with the model's own traceback, for a request the model failed:
+    the traceback of the code that raised, not of the machinery that carried it back."""
+    if error.status >= 500 and error.__cause__ is not None:
+        cause = error.__cause__
+        log.error("model failed: %s: %s", type(cause).__name__, cause, exc_info=cause)
 
 
 def _timed(fn, args):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import traceback
 from typing import Iterator
 
 import gevent
@@ -16,6 +15,7 @@ import numpy as np
 from gevent.threadpool import ThreadPool
 
 from smserve.engine import hardware, readiness
+from smserve.engine.artifacts import ModelLoadError
 from smserve.codecs import simple
 from smserve.errors import BadRequest, HTTPError, ServerError, Unavailable
 from smserve.core.metadata import ModelMetadata
@@ -73,8 +73,12 @@ class ModelServer:
             self.runner.call(self._load_on_inference_thread)
         except Exception as e:
             self.status, self.error = FAILED, f"{type(e).__name__}: {e}"
-            log.error("model failed to load from %s: %s\n%s", self.settings.model_dir, self.error,
-                      "".join(traceback.format_exception(e)))
+            # A ModelLoadError names its problem in full (a missing file, a pickle where
+            # TorchScript belongs): its traceback would be the server's own frames.
+            log.error("model failed to load from %s: %s", self.settings.model_dir, self.error,
+                      exc_info=None if isinstance(e, ModelLoadError) else e)
+            if self.settings.exit_on_load_error:
+                _stop_the_server(self.settings.model_dir)
             return
         max_batch = self.settings.max_batch_size or self.model.metadata.max_batch_size
         if self.model.metadata.max_batch_size == 0:
@@ -186,6 +190,9 @@ class ModelServer:
             except HTTPError:
                 raise
             except CLIENT_DATA_ERRORS as e:
+                # The client's answer (and the access line) says why: a traceback
+                # per bad body would flood the log. At debug, for the hook's author.
+                log.debug("input_fn raised %s", type(e).__name__, exc_info=e)
                 raise BadRequest(f"input_fn rejected the body: {type(e).__name__}: {e}") from e
         return model.to_model_input(simple.decode(message.body, message.content_type, model.metadata))
 
@@ -195,7 +202,8 @@ class ModelServer:
         except HTTPError:
             raise
         except Exception as e:
-            log.exception("predict failed")
+            # The one traceback of this request: the hook's or the model's own.
+            log.exception("predict failed: %s: %s", type(e).__name__, e)
             raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
 
     def infer_with_hooks(self, message, accept: str, encode):
@@ -254,7 +262,7 @@ class ModelServer:
             except HTTPError:
                 raise
             except Exception as e:
-                log.exception("predict_fn failed while streaming")
+                log.exception("predict_fn failed while streaming: %s: %s", type(e).__name__, e)
                 raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
             return stream_format.item(item)
 
@@ -315,6 +323,20 @@ def worker_slot_from_env() -> dict:
         "workers": int(workers) if workers else None,
         "state_dir": os.environ.get("SMSERVE_STATE_DIR"),
     }
+
+
+# gunicorn's arbiter halts, and exits with this status, when a worker exits with it.
+WORKER_BOOT_ERROR = 3
+
+
+def _stop_the_server(model_dir: str) -> None:
+    """SMSERVE_EXIT_ON_LOAD_ERROR: the whole server stops, not just this worker (a
+    restarted one would fail the same way, forever)."""
+    log.critical("stopping: the model in %s cannot be served (SMSERVE_EXIT_ON_LOAD_ERROR, which `make serve` "
+                 "sets; under SageMaker the container stays up and /ping answers 500)", model_dir)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(WORKER_BOOT_ERROR)
 
 
 def _captured(fn, args):
