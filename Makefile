@@ -16,6 +16,8 @@ PORT ?= $(or $(SAGEMAKER_BIND_TO_PORT),8080)
 # The example is trained only when it is the model being served: a folder of yours
 # (with or without metadata.json) never triggers training.
 MODEL_DEPS = $(if $(filter $(abspath $(EXAMPLE_MODEL_DIR)),$(abspath $(MODEL_DIR))),model)
+# Which of the two set MODEL_DIR, so that a message names the one to fix.
+MODEL_DIR_SETTING = $(if $(and $(filter file,$(origin MODEL_DIR)),$(SM_MODEL_DIR)),SM_MODEL_DIR,MODEL_DIR)
 
 # torch: the one pin is in requirements-dev.txt. TORCH_VARIANT=cpu takes its CPU build
 # (2.13.0+cpu: no CUDA libraries, under 200 MB), the default where nvidia-smi is
@@ -69,8 +71,11 @@ new-model: install ## metadata.json + code/inference.py for the model.pt2/model.
 	@test -n "$(DIR)" || { echo "usage: make new-model DIR=folder-holding-model.pt2-or-model.pt" >&2; exit 2; }
 	$(PY) -m model.init $(DIR)
 
+# A model that fails to load stops the server here (SMSERVE_EXIT_ON_LOAD_ERROR): locally
+# the error is the news, while under SageMaker the container stays up and /ping says 500.
 serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8080) with the image's entrypoint
-	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) $(PY) container/serve serve
+	@test -d "$(MODEL_DIR)" || { echo "make serve: $(MODEL_DIR_SETTING)=$(MODEL_DIR) is not a folder: give the one holding your model.pt2 or model.pt (make serve MODEL_DIR=my-model)" >&2; exit 2; }
+	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) SMSERVE_EXIT_ON_LOAD_ERROR=$(or $(SMSERVE_EXIT_ON_LOAD_ERROR),true) $(PY) container/serve serve
 
 # The tests on PYTEST_WORKERS processes (pytest-xdist; a file's tests stay in one
 # process, so its servers start once), then the `serial` ones alone, since they time the
@@ -118,6 +123,12 @@ LOCAL_BASE_IMAGE ?= localhost/bookworm-python:3.11
 # for hosts with an older NVIDIA driver, https://download.pytorch.org/whl/cpu for a
 # small CPU-only image.
 TORCH_INDEX_URL ?=
+# A folder holding the torch wheel (torch-$(TORCH_VERSION)+cpu-cp311-*.whl, or the plain
+# version's), mounted into the build so that torch is not downloaded (podman only:
+# docker build mounts no folders). torch's small dependencies still come from the index.
+TORCH_WHEEL_DIR ?=
+TORCH_WHEEL_PATH = $(abspath $(TORCH_WHEEL_DIR))
+TORCH_WHEEL_VERSION = $(TORCH_VERSION)$(if $(wildcard $(TORCH_WHEEL_PATH)/torch-$(TORCH_VERSION)+cpu-cp311-*.whl),+cpu)
 # true: g++ and Python's headers in the image, so that SMSERVE_COMPILE (torch.compile)
 # can compile (about 300 MB more). Empty: the Dockerfile's default, none.
 COMPILER ?=
@@ -127,15 +138,30 @@ BUILD_ARGS ?=
 
 # SageMaker takes Docker schema 2 manifests only: podman writes OCI unless given
 # --format docker, and docker's default provenance attestation makes an OCI index.
-build: ## The image (CONTAINER_ENGINE, IMAGE, BASE_IMAGE, TORCH_INDEX_URL, COMPILER, BUILD_ARGS)
+# A failed build ends with where to turn: most often the base image could not be pulled.
+build: ## The image (CONTAINER_ENGINE, IMAGE, BASE_IMAGE, TORCH_INDEX_URL, TORCH_WHEEL_DIR, COMPILER, BUILD_ARGS)
+ifneq ($(TORCH_WHEEL_DIR),)
+	@test -n "$(filter podman,$(notdir $(CONTAINER_ENGINE)))" || { echo "make build: TORCH_WHEEL_DIR needs podman (CONTAINER_ENGINE=podman): docker build cannot mount a folder into the build" >&2; exit 2; }
+	@test -n "$(wildcard $(TORCH_WHEEL_PATH)/torch-$(TORCH_VERSION)*-cp311-*.whl)" || { echo "make build: TORCH_WHEEL_DIR=$(TORCH_WHEEL_DIR) holds no torch-$(TORCH_VERSION) wheel for Python 3.11 (torch-$(TORCH_VERSION)+cpu-cp311-*.whl or torch-$(TORCH_VERSION)-cp311-*.whl)" >&2; exit 2; }
+endif
 	$(CONTAINER_ENGINE) build -t $(IMAGE) \
 		$(if $(filter podman,$(notdir $(CONTAINER_ENGINE))),--format docker) \
 		$(if $(filter docker,$(notdir $(CONTAINER_ENGINE))),--provenance=false) \
 		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 		$(if $(TORCH_INDEX_URL),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL)) \
 		$(if $(COMPILER),--build-arg COMPILER=$(COMPILER)) \
-		--build-arg TORCH_VERSION=$(TORCH_VERSION) \
-		$(BUILD_ARGS) .
+		$(if $(TORCH_WHEEL_DIR),--build-arg TORCH_FIND_LINKS=$(TORCH_WHEEL_PATH) --volume $(TORCH_WHEEL_PATH):$(TORCH_WHEEL_PATH):ro) \
+		--build-arg TORCH_VERSION=$(if $(TORCH_WHEEL_DIR),$(TORCH_WHEEL_VERSION),$(TORCH_VERSION)) \
+		$(BUILD_ARGS) . \
+	|| { status=$$?; echo "make build: the build failed (above). $(BUILD_HINT) README: Building offline or behind a proxy" >&2; exit $$status; }
+
+ifeq ($(BASE_IMAGE),$(LOCAL_BASE_IMAGE))
+BUILD_HINT = If $(LOCAL_BASE_IMAGE) was not found: 'make base-image' makes it (debootstrap, root, a Debian mirror).
+else
+BUILD_HINT = If it stopped at the base image, $(or $(BASE_IMAGE),python:3.11-slim-bookworm), because its registry is \
+	out of reach (Docker Hub, a proxy): 'make base-image' makes one locally (debootstrap, root, a Debian mirror), \
+	then 'make build BASE_IMAGE=$(LOCAL_BASE_IMAGE)'.
+endif
 
 # Serves $(MODEL_DIR) from the image in the foreground, as SageMaker would
 # (read-only /opt/ml/model, port 8080, `serve`); `make stop` from another shell

@@ -13,6 +13,7 @@ from local_test.server_process import ROOT
 
 # Variables of the user's shell that the Makefile reads; each test sets its own.
 USER_VARIABLES = ("SM_MODEL_DIR", "SAGEMAKER_BIND_TO_PORT", "MODEL_DIR", "PORT", "TORCH_VARIANT", "VENV",
+                  "SMSERVE_EXIT_ON_LOAD_ERROR", "TORCH_WHEEL_DIR", "BASE_IMAGE", "CONTAINER_ENGINE",
                   "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
 
 
@@ -130,3 +131,112 @@ def test_cuda_install_takes_pypi_torch_from_the_hashed_lock(tmp_path):
 def test_new_model_and_batch_example_run_their_modules(tmp_path):
     assert f"-m model.init {tmp_path}" in make("-n", "new-model", f"DIR={tmp_path}", "VENV=/tmp/some-venv")
     assert "-m local_test.batch_example" in make("-n", "-B", "batch-example", "VENV=/tmp/some-venv")
+
+
+def make_result(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """make's whole result, failures included."""
+    clean = {k: v for k, v in os.environ.items() if k not in USER_VARIABLES}
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, env={**clean, **(env or {})},
+                          capture_output=True, text=True, timeout=60)
+
+
+def serving_venv(tmp_path) -> Path:
+    """A fake venv whose python records each call, and for `container/serve serve` the
+    environment make hands the server, then exits as the server would after a failed load."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n'
+                      'case "$*" in *"container/serve serve"*)\n'
+                      '  echo "SM_MODEL_DIR=$SM_MODEL_DIR SMSERVE_EXIT_ON_LOAD_ERROR=$SMSERVE_EXIT_ON_LOAD_ERROR"'
+                      ' > "$(dirname "$0")/served"; exit 3;;\nesac\n')
+    python.chmod(0o755)
+    return venv
+
+
+def test_serve_stops_on_a_model_that_fails_to_load(tmp_path):
+    """Locally a broken model is the news: make serve asks the server to exit (it keeps
+    running with /ping 500 only under SageMaker), and make fails with it."""
+    venv = serving_venv(tmp_path)
+    (tmp_path / "empty").mkdir()
+    result = make_result("serve", f"MODEL_DIR={tmp_path / 'empty'}", "TORCH_VARIANT=cpu", f"VENV={venv}")
+    assert result.returncode != 0
+    assert (venv / "bin" / "served").read_text().split() == [f"SM_MODEL_DIR={tmp_path / 'empty'}",
+                                                              "SMSERVE_EXIT_ON_LOAD_ERROR=true"]
+
+
+def test_serve_leaves_the_server_up_when_asked(tmp_path):
+    venv = serving_venv(tmp_path)
+    make_result("serve", f"MODEL_DIR={tmp_path}", "TORCH_VARIANT=cpu", f"VENV={venv}",
+                env={"SMSERVE_EXIT_ON_LOAD_ERROR": "false"})
+    assert "SMSERVE_EXIT_ON_LOAD_ERROR=false" in (venv / "bin" / "served").read_text()
+
+
+@pytest.mark.parametrize("how", ["make variable", "environment"])
+def test_serve_on_a_missing_folder_names_the_setting_the_user_gave(tmp_path, how):
+    venv = serving_venv(tmp_path)
+    missing = tmp_path / "no-such-model"
+    if how == "make variable":
+        result = make_result("serve", f"MODEL_DIR={missing}", "TORCH_VARIANT=cpu", f"VENV={venv}")
+        named = f"MODEL_DIR={missing} is not a folder"
+    else:
+        result = make_result("serve", "TORCH_VARIANT=cpu", f"VENV={venv}", env={"SM_MODEL_DIR": str(missing)})
+        named = f"SM_MODEL_DIR={missing} is not a folder"
+    assert result.returncode == 2
+    assert named in result.stderr
+    assert not (venv / "bin" / "served").exists(), "the server is not started"
+
+
+def fake_engine(tmp_path, name: str, fails: bool) -> Path:
+    """A container engine that records its arguments; a failing one says what podman
+    says when the registry is out of reach."""
+    engine = tmp_path / "bin" / name
+    engine.parent.mkdir(exist_ok=True)
+    failure = ('echo "Error: creating build container: initializing source docker://python:3.11-slim-bookworm: '
+               'pinging container registry registry-1.docker.io: dial tcp: i/o timeout" >&2; exit 125\n')
+    engine.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done > "$(dirname "$0")/args"\n'
+                      + (failure if fails else "exit 0\n"))
+    engine.chmod(0o755)
+    return engine
+
+
+def test_a_failed_build_says_how_to_make_the_base_image_locally(tmp_path):
+    engine = fake_engine(tmp_path, "podman", fails=True)
+    result = make_result("build", f"CONTAINER_ENGINE={engine}")
+    assert result.returncode != 0
+    (hint,) = [line for line in result.stderr.splitlines() if line.startswith("make build:")]
+    assert "'make base-image'" in hint and "'make build BASE_IMAGE=localhost/bookworm-python:3.11'" in hint
+    assert "Building offline or behind a proxy" in hint
+
+
+def test_a_build_that_succeeds_says_nothing_more(tmp_path):
+    engine = fake_engine(tmp_path, "podman", fails=False)
+    result = make_result("build", f"CONTAINER_ENGINE={engine}")
+    assert result.returncode == 0 and "base-image" not in result.stderr
+
+
+def test_torch_wheel_dir_builds_with_the_local_wheel(tmp_path):
+    """What the container tests pass by hand: the wheel's folder mounted into the build
+    and searched by pip, and torch pinned to the wheel's own version."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / f"torch-{torch_pin()}+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    engine = fake_engine(tmp_path, "podman", fails=False)
+    result = make_result("build", f"CONTAINER_ENGINE={engine}", f"TORCH_WHEEL_DIR={wheels}")
+    assert result.returncode == 0, result.stderr
+    args = (engine.parent / "args").read_text().splitlines()
+    pairs = list(zip(args, args[1:]))
+    assert ("--build-arg", f"TORCH_FIND_LINKS={wheels}") in pairs
+    assert ("--volume", f"{wheels}:{wheels}:ro") in pairs
+    assert ("--build-arg", f"TORCH_VERSION={torch_pin()}+cpu") in pairs
+
+
+def test_torch_wheel_dir_without_the_wheel_or_with_docker_is_refused_before_building(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    podman = fake_engine(tmp_path, "podman", fails=False)
+    result = make_result("build", f"CONTAINER_ENGINE={podman}", f"TORCH_WHEEL_DIR={tmp_path / 'wheels'}")
+    assert result.returncode == 2 and f"holds no torch-{torch_pin()} wheel" in result.stderr
+    docker = fake_engine(tmp_path, "docker", fails=False)
+    result = make_result("build", f"CONTAINER_ENGINE={docker}", f"TORCH_WHEEL_DIR={tmp_path / 'wheels'}")
+    assert result.returncode == 2 and "TORCH_WHEEL_DIR needs podman" in result.stderr
+    assert not (tmp_path / "bin" / "args").exists(), "the engine was not called"
