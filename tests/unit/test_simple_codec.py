@@ -293,9 +293,17 @@ def test_json_lines_of_named_inputs_name_the_line_at_fault(body, message):
 
 def test_a_json_line_holding_objects_for_a_model_of_one_input_says_where_its_record_goes():
     with pytest.raises(BadRequest) as info:
-        decode(b'{"pixels": [1, 2, 3, 4]}\n', "application/jsonlines")
+        decode(b'{"tokens": [1, 2, 3, 4]}\n', "application/jsonlines")
     assert info.value.message == ("JSON Lines line 1: an object record must hold the record (an array or a number) "
-                                  "under 'instances', 'inputs', 'features' or 'data'")
+                                  "under 'pixels', 'instances', 'inputs', 'features' or 'data'")
+
+
+def test_a_json_line_may_name_the_one_input_as_a_model_of_several_does():
+    """{"pixels": [...]} a line, the form a model of several inputs takes, is the
+    record itself for a model whose one input is called pixels."""
+    named = decode(b'{"pixels": [1, 2, 3, 4]}\n{"pixels": [5, 6, 7, 8]}\n', "application/jsonlines")["pixels"]
+    bare = decode(b"[1, 2, 3, 4]\n[5, 6, 7, 8]\n", "application/jsonlines")["pixels"]
+    assert named.dtype == np.float32 and np.array_equal(named, bare)
 
 
 # --------------------------------------------------------------------------------------

@@ -34,11 +34,12 @@ import math
 import numpy as np
 import orjson
 
-from smserve.codecs import npy, records, slices, textout
+from smserve.codecs import npy, npz, records, slices, textout
 from smserve.codecs.limits import MAX_DIMS
 # The media types are read from here by the protocol table and the WebSocket session too.
 from smserve.codecs.media import ALIASES, CSV, JSON, JSONLINES, MEDIA_TYPES, NPY, NPZ, REQUEST_TYPES, media_type  # noqa: F401
 from smserve.errors import BadRequest, NotAcceptable
+from smserve.settings import Settings
 from smserve.core.metadata import ModelMetadata, TensorSpec
 
 # Keys of a JSON object that hold the records, as the SageMaker and TF Serving
@@ -49,8 +50,12 @@ RECORD_KEYS = records.RECORD_KEYS
 # ---------------------------------------------------------------- decoding
 
 
-def decode(body: bytes, content_type: str, metadata: ModelMetadata) -> dict[str, np.ndarray]:
-    """A request body -> named input arrays, shaped and typed for the model."""
+def decode(body: bytes, content_type: str, metadata: ModelMetadata, max_bytes: int | None = None
+           ) -> dict[str, np.ndarray]:
+    """A request body -> named input arrays, shaped and typed for the model.
+
+    max_bytes: the most a compressed .npz body's arrays may take (the payload limit;
+    None: the server's default one)."""
     kind = media_type(content_type)
     if not body:
         raise BadRequest("request body is empty")
@@ -63,9 +68,20 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata) -> dict[str,
     if kind == JSONLINES:
         if len(metadata.inputs) > 1:
             return shape_inputs(records.jsonlines_named(body, tuple(spec.name for spec in metadata.inputs)), metadata)
-        return shape_inputs(records.jsonlines(body), metadata)
+        name = metadata.inputs[0].name if metadata.inputs else None
+        return shape_inputs(records.jsonlines(body, input_name=name), metadata)
     if kind == NPY:
+        if len(metadata.inputs) > 1:
+            raise BadRequest(f"this model has several inputs ({_names(metadata)}): a .npy body holds one array; "
+                             f"send them in one {NPZ} body (np.savez, one array per input name) or as JSON "
+                             f'{{"inputs": {{"<name>": [...], ...}}}}')
         return shape_inputs(npy.read(body), metadata)
+    if kind == NPZ:
+        arrays = npz.read(body, max_bytes if max_bytes is not None else Settings().max_body_bytes)
+        if len(arrays) == 1 and len(metadata.inputs) <= 1:
+            # One array is the one input, whatever np.savez named it (arr_0 when unnamed).
+            return shape_inputs(next(iter(arrays.values())), metadata)
+        return shape_inputs(arrays, metadata)
     raise ValueError(f"not a simple content type: {content_type}")
 
 
@@ -130,22 +146,34 @@ def _as_array(values, what: str) -> np.ndarray:
 def shape_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
     """Records -> the model's input(s): typed by the metadata, batched along dim 0."""
     inputs = metadata.inputs
-    if len(inputs) > 1:
+    if len(inputs) > 1 or (inputs and _named(records)):
         return _named_inputs(records, metadata)
     spec = inputs[0] if inputs else TensorSpec("input__0", "FP32", None)
     array = records if isinstance(records, np.ndarray) else _as_array(records, "records")
     return {spec.name: _fit(array, spec, metadata)}
 
 
+def _named(records) -> bool:
+    """Whether records name their inputs: {name: array}, or a list of {name: value}."""
+    return isinstance(records, dict) or (
+        type(records) is list and bool(records) and all(isinstance(r, dict) for r in records))
+
+
+def _names(metadata: ModelMetadata) -> str:
+    return ", ".join(spec.name for spec in metadata.inputs)
+
+
 def _named_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
-    """Several inputs: {"inputs": {name: array}} or a list of {name: value} records."""
+    """Inputs by name: {"inputs": {name: array}} or a list of {name: value} records."""
     if isinstance(records, dict):
         columns = records
-    elif isinstance(records, list) and records and all(isinstance(r, dict) for r in records):
+    elif _named(records):
         columns = {spec.name: _column(records, spec.name) for spec in metadata.inputs}
     else:
-        names = ", ".join(spec.name for spec in metadata.inputs)
-        raise BadRequest(f"this model has several inputs ({names}): send an object of named arrays")
+        example = ", ".join(f'"{spec.name}": [...]' for spec in metadata.inputs)
+        raise BadRequest(f"this model has several inputs ({_names(metadata)}): send them by name, "
+                         f'{{"inputs": {{{example}}}}} or {{"instances": [{{{example}}}, ...]}} '
+                         f"(JSON), one such object a line (JSON Lines), or {NPZ}")
     out = {}
     for spec in metadata.inputs:
         if spec.name not in columns or columns[spec.name] is None:
@@ -268,13 +296,26 @@ def _matches(shape: tuple, expected: list[int]) -> bool:
 # ---------------------------------------------------------------- encoding
 
 
-def encode(outputs: dict[str, np.ndarray], accept: str, batched: bool = True) -> tuple[bytes, str]:
-    """Named output arrays -> (body, content type) in the negotiated media type."""
+def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[str, ...]] | None = None
+           ) -> tuple[bytes, str]:
+    """Named output arrays -> (body, content type) in the negotiated media type.
+
+    One form whatever the model's batching: a record is one row along dimension 0. One
+    output answers its array (`{"predictions": [row, ...]}`); several answer one object
+    per record (`{"predictions": [{"probs": row, "score": value}, ...]}`), and only
+    outputs with no common dimension 0 (nothing to call a record) one object of whole
+    arrays. labels: {output name: its class labels}, to add each record's predicted
+    label (its highest value's class) beside the outputs."""
+    if labels:
+        if accept == NPY:
+            raise NotAcceptable("labels=true: application/x-npy holds one array; ask for application/json, "
+                                "application/jsonlines or text/csv")
+        outputs = {**outputs, **_predicted_labels(outputs, labels)}
     single = next(iter(outputs.values())) if len(outputs) == 1 else None
     if accept == JSON:
         if single is not None:
             return b"".join([b'{"predictions":', *textout.array_json_parts(single), b"}"]), JSON
-        return b"".join([b'{"predictions":', *_json_outputs(outputs, batched), b"}"]), JSON
+        return b"".join([b'{"predictions":', *_json_outputs(outputs), b"}"]), JSON
     if accept == NPY:
         if single is None:
             raise NotAcceptable(
@@ -294,9 +335,9 @@ def encode(outputs: dict[str, np.ndarray], accept: str, batched: bool = True) ->
     raise NotAcceptable(f"cannot produce {accept}; supported: {', '.join(MEDIA_TYPES)}")
 
 
-def _json_outputs(outputs: dict[str, np.ndarray], batched: bool) -> list:
+def _json_outputs(outputs: dict[str, np.ndarray]) -> list:
     """Pieces of the answer's JSON, for one join (each whole-body copy holds the GIL)."""
-    if batched and _same_rows(outputs):
+    if _same_rows(outputs):
         records = _json_records(outputs)
         return [b"[", b",".join(records), b"]"] if records else [b"[]"]
     out: list = [b"{"]
@@ -319,6 +360,25 @@ def _json_records(outputs: dict[str, np.ndarray]) -> list[bytes]:
     return lines
 
 
+def _predicted_labels(outputs: dict[str, np.ndarray], labels: dict[str, tuple[str, ...]]) -> dict[str, np.ndarray]:
+    """Each record's label for each labelled output: `predicted_label`, or with several
+    labelled outputs `<output>_predicted_label`. The label of the record's highest value
+    (the class index where metadata.json lists fewer labels than values)."""
+    named = [name for name in labels if name in outputs]
+    columns = {}
+    for name in named:
+        array = np.asarray(outputs[name])
+        if array.ndim == 0 or array.dtype.kind not in "biuf":
+            raise NotAcceptable(f"labels=true: output '{name}' holds no row of scores per record to label")
+        rows = array.reshape(array.shape[0], math.prod(array.shape[1:]))
+        best = rows.argmax(axis=1).tolist() if rows.shape[1] else [0] * len(rows)
+        names = labels[name]
+        column = np.empty(len(best), dtype=object)
+        column[:] = [names[i] if i < len(names) else str(i) for i in best]
+        columns["predicted_label" if len(named) == 1 else f"{name}_predicted_label"] = column
+    return columns
+
+
 def _per_record(rows: np.ndarray):
     """What orjson writes for each record of these rows, iterable by record."""
     value = textout.jsonable(rows)
@@ -337,16 +397,18 @@ def _csv(outputs: dict[str, np.ndarray]) -> bytes:
     if not _same_rows(outputs):
         raise NotAcceptable("the model's outputs do not share a batch dimension; ask for application/json")
     flat = [a.reshape(a.shape[0], math.prod(a.shape[1:])) for a in outputs.values()]  # (-1 fails when empty)
-    if all(textout.fast(f) and f.dtype.kind != "b" for f in flat):
-        columns = [textout.csv_rows(f) for f in flat]
-        rows = columns[0] if len(columns) == 1 else [b",".join(cells) for cells in zip(*columns)]
-        return b"".join(row + b"\n" for row in rows)
-    # Text, bool and float16 outputs: a Python value per cell (Python's spelling).
-    lines = []
-    for s in slices.row_slices(flat[0]):
-        cells = [_tolist(f[s]) for f in flat]
-        lines.extend(",".join(_csv_cell(v) for part in row for v in part) + "\n" for row in zip(*cells))
-    return "".join(lines).encode()
+    columns = [textout.csv_rows(f) if textout.fast(f) and f.dtype.kind != "b" else _csv_text_rows(f) for f in flat]
+    rows = columns[0] if len(columns) == 1 else [b",".join(cells) for cells in zip(*columns)]
+    return b"".join(row + b"\n" for row in rows)
+
+
+def _csv_text_rows(flat: np.ndarray) -> list[bytes]:
+    """Text, bool and float16 outputs (and labels): a Python value per cell, in
+    Python's spelling; one CSV line (without its newline) per row."""
+    rows: list[bytes] = []
+    for s in slices.row_slices(flat):
+        rows.extend(",".join(_csv_cell(v) for v in row).encode() for row in _tolist(flat[s]))
+    return rows
 
 
 def _tolist(array: np.ndarray):

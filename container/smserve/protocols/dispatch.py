@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 from werkzeug.datastructures import MIMEAccept
 from werkzeug.http import parse_accept_header
 
-from smserve.codecs import records, simple, v2
+from smserve.codecs import media, records, simple, v2
 from smserve.streaming import streams
 from smserve.errors import BadRequest, NotAcceptable, UnsupportedMediaType
 from smserve.core.inference import InferenceRequest
@@ -26,12 +26,13 @@ from smserve.settings import Settings
 
 OCTET_STREAM = "application/octet-stream"
 # Answers of one line per record, which can leave pass by pass.
-LINE_TYPES = (simple.CSV, simple.JSONLINES)
+LINE_TYPES = (media.CSV, media.JSONLINES)
 SUPPORTED_REQUEST_TYPES = (
     "application/json (simple or KServe v2)",
-    "text/csv",
-    "application/jsonlines",
-    "application/x-npy",
+    media.CSV,
+    media.JSONLINES,
+    media.NPY,
+    f"{media.NPZ} (several named arrays)",
     "application/octet-stream (KServe v2 binary)",
     "application/vnd.sagemaker-triton.binary+json;json-header-size=N",
 )
@@ -55,7 +56,7 @@ class Message:
 
     @property
     def kind(self) -> str:
-        return simple.media_type(self.content_type)
+        return media.media_type(self.content_type)
 
 
 @dataclass
@@ -132,7 +133,7 @@ class V2JsonBinary(_V2):
     name = "v2-json-binary"
 
     def takes(self, message, server):
-        return message.kind == simple.JSON and message.v2_header_length is not None
+        return message.kind == media.JSON and message.v2_header_length is not None
 
     def header_length(self, message):
         return v2.header_length_from_header(message.v2_header_length, len(message.body))
@@ -161,7 +162,7 @@ class Hooks(Protocol):
     def takes(self, message, server):
         if not server.uses_byte_hooks:
             return False
-        return server.has_input_fn or message.kind in simple.MEDIA_TYPES
+        return server.has_input_fn or message.kind in media.REQUEST_TYPES
 
     def answer(self, message, server, settings):
         default = default_accept(settings, message.kind)
@@ -176,14 +177,14 @@ class Hooks(Protocol):
             # then the stream types are acceptable too, so a refusal waits for the result.
             try:
                 accept, refusal = negotiate(message.accept, default), None
+                labels = answer_labels(message.accept, accept, server.metadata)
             except NotAcceptable as e:
-                accept, refusal = default, e
-            batched = server.metadata.max_batch_size > 0
+                accept, refusal, labels = default, e, None
 
             def encode(outputs):
                 if refusal is not None:
                     raise refusal
-                return simple.encode(outputs, accept, batched)
+                return simple.encode(outputs, accept, labels)
 
         result = server.infer_with_hooks(message, accept, encode)
         if not isinstance(result, tuple):  # predict_fn returned an iterator: stream it
@@ -193,8 +194,8 @@ class Hooks(Protocol):
                 server.close_stream(result)
                 raise
             return streams.reply(server, server.stream_items(result, stream_format), stream_format)
-        payload, media = result
-        return Reply(payload, {"Content-Type": media})
+        payload, media_type = result
+        return Reply(payload, {"Content-Type": media_type})
 
 
 # ---------------------------------------------------------------- simple types
@@ -207,7 +208,7 @@ class Json(Protocol):
     name = "json"
 
     def takes(self, message, server):
-        return message.kind == simple.JSON
+        return message.kind == media.JSON
 
     def answer(self, message, server, settings):
         body = message.body
@@ -240,37 +241,38 @@ def _decode_json(body: bytes, metadata, c_tried: bool = False):
 
 
 class Simple(Protocol):
-    """CSV, JSON Lines and .npy: one record a line (or an array), answered by Accept."""
+    """CSV, JSON Lines, .npy and .npz: one record a line (or arrays), answered by Accept."""
 
     name = "simple"
 
     def takes(self, message, server):
-        return message.kind in (simple.CSV, simple.JSONLINES, simple.NPY)
+        return message.kind in (media.CSV, media.JSONLINES, media.NPY, media.NPZ)
 
     def answer(self, message, server, settings):
-        inputs = server.codec(len(message.body), simple.decode, message.body, message.content_type, server.metadata)
+        inputs = server.codec(len(message.body), simple.decode, message.body, message.content_type, server.metadata,
+                              settings.max_body_bytes)
         return simple_reply(server, settings, message, inputs)
 
 
 def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
     accept = negotiate(message.accept, default_accept(settings, message.kind))
-    batched = server.metadata.max_batch_size > 0
+    labels = answer_labels(message.accept, accept, server.metadata)
     if accept in LINE_TYPES and server.passes(inputs) > 1:
         # Many records in a line format: each pass's lines leave as the pass ends, so
         # the first lines go out before the last pass runs. The first pass runs before
         # the status line is sent: a model that fails on it gets its 500 (the worker
         # sends nothing until the body's first bytes exist, and then it is too late).
-        passes = _lines_by_pass(server, inputs, accept, batched)
+        passes = _lines_by_pass(server, inputs, accept, labels)
         first = next(passes)
         return Reply(_resumed(first, passes), {"Content-Type": accept})
     outputs = server.infer(inputs)
-    payload, media = server.codec(_nbytes(outputs), simple.encode, outputs, accept, batched)
-    return Reply(payload, {"Content-Type": media})
+    payload, media_type = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
+    return Reply(payload, {"Content-Type": media_type})
 
 
-def _lines_by_pass(server, inputs, accept: str, batched: bool) -> Iterator[bytes]:
+def _lines_by_pass(server, inputs, accept: str, labels) -> Iterator[bytes]:
     for outputs in server.infer_by_pass(inputs):
-        payload, _ = server.codec(_nbytes(outputs), simple.encode, outputs, accept, batched)
+        payload, _ = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
         yield payload
 
 
@@ -318,9 +320,9 @@ def default_accept(settings: Settings, request_kind: str) -> str:
     request's own type, so AssembleWith=Line gets one line per record; else JSON."""
     if settings.default_accept:
         return settings.default_accept
-    if settings.batch and request_kind in (simple.CSV, simple.JSONLINES):
+    if settings.batch and request_kind in LINE_TYPES:
         return request_kind
-    return simple.JSON
+    return media.JSON
 
 
 def accept_values(header: str | None) -> MIMEAccept:
@@ -337,7 +339,7 @@ def preferred(header: str | None, default: str) -> str:
     return default
 
 
-def negotiate(header: str | None, default: str, offers: tuple[str, ...] = simple.MEDIA_TYPES) -> str:
+def negotiate(header: str | None, default: str, offers: tuple[str, ...] = media.MEDIA_TYPES) -> str:
     """The best media type the Accept header allows (q-values honoured); 406 if none."""
     if not header:
         return default
@@ -352,7 +354,26 @@ def _best_match(header: str, default: str, offers: tuple[str, ...]) -> str | Non
     # Clients send the same few Accept headers again and again; parsing one with
     # werkzeug costs about 0.2 ms, a fifth of a small request's whole budget.
     # On a tie (e.g. */*) werkzeug prefers the earlier offer: the default comes first.
-    aliases = simple.ALIASES if offers == simple.MEDIA_TYPES else {}
+    aliases = media.ALIASES if offers == media.MEDIA_TYPES else {}
     candidates = [default] + [m for m in offers if m != default] + list(aliases)
     best = accept_values(header).best_match(candidates)
     return None if best is None else aliases.get(best, best)
+
+
+def answer_labels(header: str | None, chosen: str, metadata) -> dict[str, tuple[str, ...]] | None:
+    """The outputs' class labels when the Accept entry that chose `chosen` asks for
+    them (`application/json; labels=true`); None when it does not. Asked of a model
+    whose metadata.json gives no labels: 406, so the client learns why none came."""
+    if not header or "labels" not in header.lower():
+        return None
+    family = chosen.split("/")[0] + "/*"
+    for entry in header.split(","):
+        kind, _, parameters = entry.partition(";")
+        if media.media_type(kind) not in (chosen, family, "*/*"):
+            continue
+        if any(p.strip().lower().replace(" ", "") == "labels=true" for p in parameters.split(";")):
+            labels = {spec.name: spec.labels for spec in metadata.outputs if spec.labels}
+            if not labels:
+                raise NotAcceptable("labels=true: this model's metadata.json gives no output labels")
+            return labels
+    return None

@@ -30,8 +30,10 @@ from smserve.codecs.records.text import BLANK_BYTES, lines
 from smserve.errors import BadRequest
 
 
-def jsonlines(body: bytes, size: int | None = None) -> np.ndarray:
-    """One JSON record a line -> a float64 array, one record per line."""
+def jsonlines(body: bytes, size: int | None = None, input_name: str | None = None) -> np.ndarray:
+    """One JSON record a line -> a float64 array, one record per line. A line may be
+    the record itself, or an object holding it under the model's input name
+    (`input_name`) or one of RECORD_KEYS."""
     parts: list[np.ndarray] = []
     shape = None  # line 1's record shape
     size = size or slices.TEXT_BYTES
@@ -43,7 +45,7 @@ def jsonlines(body: bytes, size: int | None = None) -> np.ndarray:
         else:
             array = _numeric_lines(piece)
         if array is None or (shape is not None and array.shape[1:] != shape):
-            array = _parsed_lines(piece, first, shape)
+            array = _parsed_lines(piece, first, shape, input_name)
         if shape is None:
             shape = array.shape[1:]
         parts.append(array)
@@ -74,19 +76,20 @@ def _long_numeric_line(line: bytes, size: int) -> np.ndarray | None:
     return None if found is None else found[1][np.newaxis]
 
 
-def _parsed_lines(piece: bytes, first: int, shape: tuple | None) -> np.ndarray:
+def _parsed_lines(piece: bytes, first: int, shape: tuple | None, input_name: str | None = None) -> np.ndarray:
     """The slice's records, a line at a time; raises the error of its first bad line."""
+    keys = RECORD_KEYS if input_name is None or input_name in RECORD_KEYS else (input_name, *RECORD_KEYS)
     records = []
     for number, line in enumerate(piece.split(b"\n"), start=first):
         where = f"JSON Lines line {number}"
         try:
             record = _parse_line(line, number)
             if isinstance(record, dict):
-                key = next((k for k in RECORD_KEYS if k in record), None)
+                key = next((k for k in keys if k in record), None)
                 if key is None:
                     raise BadRequest(
                         f"{where}: an object record must hold the record (an array or a number) under "
-                        + ", ".join(f"'{k}'" for k in RECORD_KEYS[:-1]) + f" or '{RECORD_KEYS[-1]}'"
+                        + ", ".join(f"'{k}'" for k in keys[:-1]) + f" or '{keys[-1]}'"
                     )
                 record = record[key]
             check_numbers(record, where)

@@ -1,0 +1,61 @@
+"""NumPy .npz bodies (np.savez, np.savez_compressed): several named arrays in one zip.
+
+Each member `<name>.npy` is read by npy.read, so the same rules hold as for a .npy body:
+numeric dtypes only and nothing unpickled (what np.load's allow_pickle=False promises),
+and a header's shape checked against the bytes that follow it before any array exists.
+A compressed member is inflated into at most `max_bytes` over the whole archive, as a
+body sent with Content-Encoding is, so a small body cannot claim a big array.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+import zlib
+
+import numpy as np
+
+from smserve.codecs import npy
+from smserve.errors import BadRequest, PayloadTooLarge
+
+# Far more than any model's inputs; each member costs a directory entry to parse.
+MAX_MEMBERS = 1024
+_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # what np.savez and np.savez_compressed write
+
+
+def read(body: bytes, max_bytes: int) -> dict[str, np.ndarray]:
+    """An .npz body -> {name: array}, in the archive's order."""
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(body))
+        members = archive.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, OSError) as e:
+        raise BadRequest(f"body is not a valid .npz archive: {e}") from None
+    if len(members) > MAX_MEMBERS:
+        raise BadRequest(f"the .npz archive holds {len(members)} members; at most {MAX_MEMBERS} are read")
+    arrays: dict[str, np.ndarray] = {}
+    total = 0
+    for member in members:
+        name = member.filename
+        if not name.endswith(".npy"):
+            raise BadRequest(f"the .npz member {name[:80]!r} is not a .npy array")
+        key = name[: -len(".npy")]
+        if key in arrays:
+            raise BadRequest(f"the .npz archive holds two arrays named {key[:80]!r}")
+        if member.compress_type not in _METHODS:
+            raise BadRequest(f"the .npz member {name[:80]!r} is compressed in a way numpy does not write")
+        room = max_bytes - total
+        try:
+            with archive.open(member) as stream:
+                data = stream.read(room + 1)  # at most one byte past the room: enough to refuse
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, NotImplementedError) as e:
+            raise BadRequest(f"the .npz member {name[:80]!r} cannot be read: {e}") from None
+        if len(data) > room:
+            raise PayloadTooLarge(f"the .npz body's arrays exceed the maximum allowed size of {max_bytes} bytes")
+        total += len(data)
+        try:
+            arrays[key] = npy.read(data)
+        except BadRequest as e:
+            raise BadRequest(f"the .npz member {name[:80]!r}: {e.message}") from None
+    if not arrays:
+        raise BadRequest("the .npz archive holds no arrays")
+    return arrays
