@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smserve.streaming.websocket import _Inbound
+from smserve.http.websocket import _Inbound
 
 
 @settings(max_examples=200, deadline=None)

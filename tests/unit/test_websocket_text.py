@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smserve.streaming.websocket import _item_payload, _Text
+from smserve.streaming.text import TextPieces, item_payload
 
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
@@ -19,7 +19,7 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
 @settings(max_examples=300, deadline=None)
 @given(st.text(), st.lists(st.integers(min_value=0), max_size=12))
 def test_utf8_split_anywhere_comes_out_whole(answer, cuts):
-    text = _Text("text/plain")
+    text = TextPieces("text/plain")
     frames = [text.piece(piece) for piece in split(answer.encode("utf-8"), cuts)] + [text.end()]
     assert all(type(frame) is str for frame in frames)
     assert "".join(frames) == answer
@@ -27,7 +27,7 @@ def test_utf8_split_anywhere_comes_out_whole(answer, cuts):
 
 
 def test_a_character_split_over_three_pieces_waits_for_its_last_byte():
-    text = _Text("text/plain; charset=utf-8")
+    text = TextPieces("text/plain; charset=utf-8")
     assert [text.piece(p) for p in (b"caf", b"\xc3", b"\xa9", b" ok")] + [text.end()] == ["caf", "", "\u00e9", " ok", ""]
 
 
@@ -37,7 +37,7 @@ def test_a_character_split_over_three_pieces_waits_for_its_last_byte():
     ([b"\xc3", b"A", b"\xa9"], "\ufffdA\ufffd"),         # a character broken in the middle
 ])
 def test_bytes_that_are_not_utf8_become_replacement_characters(pieces, expected):
-    text = _Text("text/plain")
+    text = TextPieces("text/plain")
     frames = [text.piece(p) for p in pieces] + [text.end()]
     assert all(type(frame) is str for frame in frames)
     assert "".join(frames) == expected
@@ -45,7 +45,7 @@ def test_bytes_that_are_not_utf8_become_replacement_characters(pieces, expected)
 
 
 def test_valid_pieces_after_an_invalid_one_keep_a_split_character():
-    text = _Text("text/plain")
+    text = TextPieces("text/plain")
     frames = [text.piece(p) for p in (b"\xff", b"caf\xc3", b"\xa9")] + [text.end()]
     assert "".join(frames) == "\ufffdcaf\u00e9"
 
@@ -57,24 +57,24 @@ def test_valid_pieces_after_an_invalid_one_keep_a_split_character():
     ("text/plain; charset=base64", b"Y2Fm", "Y2Fm"),  # not a text encoding: UTF-8
 ])
 def test_the_answers_charset_decides_how_its_bytes_are_read(media, encoded, expected):
-    text = _Text(media)
+    text = TextPieces(media)
     assert "".join([text.piece(encoded[:3]), text.piece(encoded[3:]), text.end()]) == expected
 
 
 def test_stream_fn_items_of_a_text_message_may_split_a_character_between_bytes_and_str():
-    text = _Text()
-    frames = [_item_payload(item, text, line=True) for item in ("x", b"caf\xc3", b"\xa9", " ok", {"n": 1})]
+    text = TextPieces()
+    frames = [item_payload(item, text, line=True) for item in ("x", b"caf\xc3", b"\xa9", " ok", {"n": 1})]
     frames.append(text.end())
     assert all(type(frame) is str for frame in frames)
     assert "".join(frames) == 'xcafé ok{"n":1}\n'
 
 
 def test_a_str_after_an_incomplete_character_ends_that_character():
-    text = _Text()
-    frames = [_item_payload(item, text) for item in (b"caf\xc3", "e")] + [text.end()]
+    text = TextPieces()
+    frames = [item_payload(item, text) for item in (b"caf\xc3", "e")] + [text.end()]
     assert "".join(frames) == "caf\ufffde" and text.invalid
 
 
 def test_binary_messages_are_left_as_bytes():
-    assert _item_payload(b"\xc3", None) == b"\xc3"
-    assert _item_payload("é", None) == "é".encode("utf-8")
+    assert item_payload(b"\xc3", None) == b"\xc3"
+    assert item_payload("é", None) == "é".encode("utf-8")

@@ -3,9 +3,10 @@
 `model_fn(model_dir)`, `input_fn(body, content_type)`, `predict_fn(data, model)`,
 `output_fn(prediction, accept)`: each one defined replaces that built-in step, as in
 the SageMaker PyTorch serving toolkit users already know. Two more are this project's:
-a predict_fn that yields streams its answer (streams.py), and
-`stream_fn(messages, model, context)` serves a bidirectional WebSocket session with
-state kept for the life of the connection (websocket.py).
+a predict_fn that returns an iterator (a generator function's, or any other) streams its
+answer (streaming/streams.py), and `stream_fn(messages, model, context)` serves a
+bidirectional WebSocket session with state kept for the life of the connection
+(streaming/stream_fn.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ class Hooks:
         """The user's code turns bodies into data or data into bodies itself (or
         streams, which the batcher cannot split back into requests)."""
         return self.input_fn is not None or self.output_fn is not None or self.streams
+
+
+def is_stream(value) -> bool:
+    """A hook's result that is an iterator of items to send one by one (a predict_fn's
+    answer, a stream_fn's fragmented message), not one value: a generator, or anything
+    with __next__ that is not an array or a container."""
+    if isinstance(value, (str, bytes, bytearray, memoryview, dict, list, tuple)):
+        return False
+    return inspect.isgenerator(value) or (hasattr(value, "__next__") and not hasattr(value, "shape"))
 
 
 def load_hooks(model_dir: str) -> Hooks:

@@ -16,6 +16,7 @@ from gevent.threadpool import ThreadPool
 
 from smserve.engine import hardware, readiness
 from smserve.engine.artifacts import ModelLoadError
+from smserve.engine.hooks import is_stream
 from smserve.codecs import simple
 from smserve.errors import BadRequest, HTTPError, ServerError, Unavailable
 from smserve.core.metadata import ModelMetadata
@@ -166,12 +167,12 @@ class ModelServer:
         loop keeps answering /ping meanwhile."""
         if size < OFFLOAD_BYTES:
             return fn(*args)
-        # The pool would print a traceback for an exception it carries back (a bad
-        # body is a 4xx, not a crash): carry it as a value and raise it here.
-        ok, value = self.codec_pool.apply(_captured, (fn, args))
-        if ok:
-            return value
-        raise value
+        return on_thread(self.codec_pool, fn, args)
+
+    def on_session_thread(self, fn, *args):
+        """fn on a stream_fn session's thread, holding the model lock (shared with the
+        inference thread) only while fn runs."""
+        return on_thread(self.session_pool, fn, args, self.model_lock)
 
     def passes(self, inputs: dict[str, np.ndarray]) -> int:
         """How many forward passes a request takes (more than one past the max batch)."""
@@ -217,7 +218,7 @@ class ModelServer:
 
         def chain(data):
             prediction = self._hook_predict(data)
-            if _is_stream(prediction):
+            if is_stream(prediction):
                 return prediction
             if encode is None:
                 result = hooks.output_fn(prediction, accept)
@@ -339,16 +340,24 @@ def _stop_the_server(model_dir: str) -> None:
     os._exit(WORKER_BOOT_ERROR)
 
 
-def _captured(fn, args):
+def on_thread(pool, fn, args, lock=None):
+    """fn(*args) on one of pool's threads (holding lock, if given, while it runs); the
+    calling greenlet waits, the loop does not. fn's exception is raised here, in the
+    caller: it travels back as a value, since the pool would print a traceback for what
+    is often a client's 4xx."""
+    ok, value = pool.apply(_captured, (fn, args, lock))
+    if ok:
+        return value
+    raise value
+
+
+def _captured(fn, args, lock):
+    if lock is not None:
+        lock.acquire()
     try:
         return True, fn(*args)
-    except Exception as e:  # noqa: BLE001 - re-raised on the event loop's side
+    except BaseException as e:  # noqa: BLE001 - re-raised on the event loop's side
         return False, e
-
-
-def _is_stream(prediction) -> bool:
-    """A predict_fn's result that is an iterator of items, not data."""
-    import types
-
-    return isinstance(prediction, types.GeneratorType) or (
-        hasattr(prediction, "__next__") and not hasattr(prediction, "shape"))
+    finally:
+        if lock is not None:
+            lock.release()

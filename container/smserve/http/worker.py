@@ -55,7 +55,7 @@ from smserve.http.body import ClientError, check_head, parse_error, read_body
 from smserve.http.connection import Close, Connection, RequestSource, buffered, bytes_waiting, connection_cap
 from smserve.http.sending import SMALL_ANSWER, Sender, SendTimeout, reset_on_close, send_error
 from smserve.routes.table import Request, RouteTable, reason
-from smserve.streaming import websocket
+from smserve.http import websocket
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class GeventModelWorker(base.Worker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.connections: dict[object, Connection] = {}
-        self.sessions: set = set()  # open WebSocket sessions (websocket.Session)
+        self.sessions: set = set()  # open WebSocket sessions (websocket.WebSocket)
         self._stopping = Event()  # set at SIGTERM: the main loop starts draining at once
         self.servers: list[StreamServer] = []
         # Connections accepted whose greenlet has not run yet (so not in `connections`):

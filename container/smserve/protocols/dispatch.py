@@ -10,19 +10,21 @@ so the event loop only moves bytes.
 
 from __future__ import annotations
 
-import functools
-
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator
-
-from werkzeug.datastructures import MIMEAccept
-from werkzeug.http import parse_accept_header
+from dataclasses import dataclass
+from typing import Iterator
 
 from smserve.codecs import media, records, simple, v2
-from smserve.streaming import streams
-from smserve.errors import BadRequest, NotAcceptable, UnsupportedMediaType
 from smserve.core.inference import InferenceRequest
+from smserve.core.reply import Reply
+from smserve.errors import BadRequest, NotAcceptable, UnsupportedMediaType
+from smserve.protocols.negotiation import default_accept, negotiate, preferred
 from smserve.settings import Settings
+from smserve.streaming import streams
+
+# Reply and the negotiation helpers are named here too: routes and sessions read the
+# protocol table's module for everything about answering.
+__all__ = ["Message", "Reply", "Protocol", "PROTOCOLS", "choose", "answer", "v2_reply", "simple_reply",
+           "default_accept", "negotiate", "preferred", "answer_labels"]
 
 OCTET_STREAM = "application/octet-stream"
 # Answers of one line per record, which can leave pass by pass.
@@ -57,22 +59,6 @@ class Message:
     @property
     def kind(self) -> str:
         return media.media_type(self.content_type)
-
-
-@dataclass
-class Reply:
-    """An answer: one body, or chunks to stream as they come (`body` an iterator)."""
-
-    body: bytes | Iterable[bytes]
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def streamed(self) -> bool:
-        return not isinstance(self.body, (bytes, bytearray, memoryview))
-
-    @property
-    def media(self) -> str:
-        return self.headers.get("Content-Type", "")
 
 
 class Protocol:
@@ -168,7 +154,7 @@ class Hooks(Protocol):
         default = default_accept(settings, message.kind)
         if server.streams:
             stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn)
-            return streams.reply(server, server.stream_with_hooks(message, stream_format), stream_format)
+            return streams.reply(server.stream_with_hooks(message, stream_format), stream_format)
         if server.model.hooks.output_fn is not None:
             # The user's output_fn may speak types we do not: it gets the client's first choice.
             accept, encode = preferred(message.accept, default), None
@@ -193,7 +179,7 @@ class Hooks(Protocol):
             except NotAcceptable:
                 server.close_stream(result)
                 raise
-            return streams.reply(server, server.stream_items(result, stream_format), stream_format)
+            return streams.reply(server.stream_items(result, stream_format), stream_format)
         payload, media_type = result
         return Reply(payload, {"Content-Type": media_type})
 
@@ -313,51 +299,6 @@ def answer(message: Message, server, settings: Settings) -> Reply:
 
 
 # ---------------------------------------------------------------- Accept
-
-
-def default_accept(settings: Settings, request_kind: str) -> str:
-    """SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT if set; in batch mode a CSV or JSON Lines
-    request's own type, so AssembleWith=Line gets one line per record; else JSON."""
-    if settings.default_accept:
-        return settings.default_accept
-    if settings.batch and request_kind in LINE_TYPES:
-        return request_kind
-    return media.JSON
-
-
-def accept_values(header: str | None) -> MIMEAccept:
-    # Media-type parameters (charset=utf-8, header=present) are not ours to match on.
-    parsed = parse_accept_header(header or "", MIMEAccept)
-    return MIMEAccept([(value.split(";")[0].strip(), q) for value, q in parsed])
-
-
-def preferred(header: str | None, default: str) -> str:
-    """The client's most wanted concrete media type, for a user's output_fn."""
-    for value, q in sorted(accept_values(header), key=lambda item: -item[1]):
-        if q > 0 and "*" not in value:
-            return value
-    return default
-
-
-def negotiate(header: str | None, default: str, offers: tuple[str, ...] = media.MEDIA_TYPES) -> str:
-    """The best media type the Accept header allows (q-values honoured); 406 if none."""
-    if not header:
-        return default
-    best = _best_match(header, default, offers)
-    if best is None:
-        raise NotAcceptable(f"cannot produce any of Accept: {header}; supported: {', '.join(offers)}")
-    return best
-
-
-@functools.lru_cache(maxsize=512)
-def _best_match(header: str, default: str, offers: tuple[str, ...]) -> str | None:
-    # Clients send the same few Accept headers again and again; parsing one with
-    # werkzeug costs about 0.2 ms, a fifth of a small request's whole budget.
-    # On a tie (e.g. */*) werkzeug prefers the earlier offer: the default comes first.
-    aliases = media.ALIASES if offers == media.MEDIA_TYPES else {}
-    candidates = [default] + [m for m in offers if m != default] + list(aliases)
-    best = accept_values(header).best_match(candidates)
-    return None if best is None else aliases.get(best, best)
 
 
 def answer_labels(header: str | None, chosen: str, metadata) -> dict[str, tuple[str, ...]] | None:

@@ -2,7 +2,8 @@
 
 SageMaker relays whatever the container writes as it arrives; the container streams by
 answering with `Transfer-Encoding: chunked`. A model streams when its predict_fn
-yields: each item is encoded here and sent as its own chunk as soon as it exists.
+returns an iterator (a generator function's, or any other): each item is encoded here
+and sent as its own chunk as soon as it exists.
 
 Formats, by Accept: `application/jsonlines` (the default: one JSON value a line),
 `text/event-stream` (Server-Sent Events: `data: <json>` per item, then `event: end`),
@@ -20,7 +21,10 @@ import numpy as np
 import orjson
 
 from smserve import metrics
+from smserve.core.reply import Reply
 from smserve.errors import HTTPError, NotAcceptable
+from smserve.protocols.negotiation import negotiate as negotiate_accept
+from smserve.protocols.negotiation import preferred
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +89,6 @@ class StreamFormat:
 
 def negotiate(accept: str | None, output_fn: Callable | None) -> StreamFormat:
     """The stream's format. With an output_fn the client's first choice goes to it."""
-    from smserve.protocols.dispatch import negotiate as negotiate_accept
-    from smserve.protocols.dispatch import preferred
-
     if output_fn is not None:
         return StreamFormat(preferred(accept, JSONLINES), output_fn)
     try:
@@ -99,11 +100,9 @@ def negotiate(accept: str | None, output_fn: Callable | None) -> StreamFormat:
         ) from None
 
 
-def reply(server, chunks: Iterator[bytes], stream_format: StreamFormat):
+def reply(chunks: Iterator[bytes], stream_format: StreamFormat) -> Reply:
     """A streamed Reply. The first chunk is computed before the status is sent, so a
     request that fails at once still gets its 4xx/5xx."""
-    from smserve.protocols.dispatch import Reply
-
     chunks = iter(chunks)
     try:
         first = next(chunks)

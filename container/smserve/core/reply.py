@@ -1,0 +1,26 @@
+"""An answer as every route and transport sees it: a body, or chunks to send as they come.
+
+Below the protocols and the response streams, which both build one, so neither needs
+the other to name it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+
+@dataclass
+class Reply:
+    """An answer: one body, or chunks to stream as they come (`body` an iterator)."""
+
+    body: bytes | Iterable[bytes]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def streamed(self) -> bool:
+        return not isinstance(self.body, (bytes, bytearray, memoryview))
+
+    @property
+    def media(self) -> str:
+        return self.headers.get("Content-Type", "")

@@ -1,0 +1,76 @@
+"""The opening handshake of a WebSocket session (RFC 6455 section 4.2): which requests
+may switch protocols, and the 101 that does."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from http import HTTPStatus
+
+from wsproto.utilities import generate_accept_token
+
+PATH = "/invocations-bidirectional-stream"
+
+
+class HandshakeRefused(Exception):
+    """A request that cannot open a session: answered with this status, then closed."""
+
+    def __init__(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = int(status)
+        self.message = message
+        self.headers = headers or {}
+
+
+def check_handshake(req) -> str:
+    """The request's Sec-WebSocket-Key, once the request is a handshake we take;
+    HandshakeRefused otherwise."""
+    headers: dict[str, list[str]] = {}
+    for name, value in req.headers:
+        headers.setdefault(name, []).append(value)
+
+    def one(name: str) -> str:
+        return ",".join(headers.get(name, ()))
+
+    if req.method != "GET":
+        raise HandshakeRefused(HTTPStatus.METHOD_NOT_ALLOWED, f"{PATH} takes a WebSocket handshake (GET), not "
+                               f"{req.method}", {"Allow": "GET"})
+    connection = [token.strip().lower() for token in one("CONNECTION").split(",")]
+    if one("UPGRADE").lower() != "websocket" or "upgrade" not in connection:
+        raise HandshakeRefused(HTTPStatus.UPGRADE_REQUIRED, f"{PATH} speaks WebSocket only: send Upgrade: websocket "
+                               "and Connection: Upgrade", {"Upgrade": "websocket", "Sec-WebSocket-Version": "13"})
+    if one("SEC-WEBSOCKET-VERSION").strip() != "13":
+        raise HandshakeRefused(HTTPStatus.UPGRADE_REQUIRED, "only WebSocket version 13 (RFC 6455) is spoken",
+                               {"Sec-WebSocket-Version": "13"})
+    keys = headers.get("SEC-WEBSOCKET-KEY", [])
+    if len(keys) > 1:
+        # RFC 6455 4.1: the field appears once. Two would leave it open which one the
+        # accept token answers.
+        raise HandshakeRefused(HTTPStatus.BAD_REQUEST, "Sec-WebSocket-Key must be sent once")
+    key = keys[0].strip() if keys else ""
+    try:
+        if len(base64.b64decode(key, validate=True)) != 16:
+            raise ValueError
+    except (ValueError, binascii.Error):
+        raise HandshakeRefused(HTTPStatus.BAD_REQUEST, "Sec-WebSocket-Key must be 16 bytes in base64") from None
+    if _has_body(headers):
+        # After the 101 the connection carries frames: a body's bytes would be read as
+        # frames. A handshake is a GET without one.
+        raise HandshakeRefused(HTTPStatus.BAD_REQUEST, "a WebSocket handshake has no body: send no Content-Length "
+                               "(or 0) and no Transfer-Encoding")
+    return key
+
+
+def _has_body(headers: dict[str, list[str]]) -> bool:
+    if "TRANSFER-ENCODING" in headers:
+        return True
+    return any(value.strip() != "0" for value in headers.get("CONTENT-LENGTH", ()))
+
+
+def accept_response(key: str) -> bytes:
+    """The 101 for a key check_handshake took (so ASCII: base64)."""
+    token = generate_accept_token(key.encode("ascii")).decode("ascii")
+    return (
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Accept: {token}\r\n\r\n"
+    ).encode("ascii")
