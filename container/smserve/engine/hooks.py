@@ -16,7 +16,7 @@ import inspect
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "stream_fn")
@@ -26,18 +26,41 @@ SCRIPT = "inference.py"
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Hooks:
     model_fn: Callable | None = None
     input_fn: Callable | None = None
     predict_fn: Callable | None = None
     output_fn: Callable | None = None
     stream_fn: Callable | None = None
+    # Whether predict_fn answers with an iterator to stream. What it returns decides, not
+    # how it is written (`return model.generate(data)` streams as `yield` does): known at
+    # load for a generator function, else learnt from its first iterator.
+    returned_iterator: bool = field(default=False, compare=False)
+
+    def __post_init__(self):
+        if self.predict_fn is not None and inspect.isgeneratorfunction(self.predict_fn):
+            self.returned_iterator = True
 
     @property
     def streams(self) -> bool:
-        """predict_fn is a generator: every answer is streamed, item by item."""
-        return self.predict_fn is not None and inspect.isgeneratorfunction(self.predict_fn)
+        """predict_fn is known to answer with iterators: its answers go through the
+        hooks' own path, one request at a time, never a batched pass."""
+        return self.returned_iterator
+
+    @property
+    def may_stream(self) -> bool:
+        """predict_fn may answer with an iterator: what it returns is only known then,
+        so an Accept that only a stream can meet is not refused before it has run."""
+        return self.predict_fn is not None
+
+    def streamed(self, prediction) -> bool:
+        """Whether predict_fn's result is an iterator to stream; once one is, every
+        later request takes the hooks' path (a batched pass cannot split an iterator)."""
+        if not is_stream(prediction):
+            return False
+        self.returned_iterator = True
+        return True
 
     @property
     def handles_bytes(self) -> bool:

@@ -70,9 +70,13 @@ class LoadedModel:
     compiled: str = "off"
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model (or the user's predict_fn) on named arrays; named arrays back."""
+        """Run the model (or the user's predict_fn) on named arrays; named arrays back,
+        or the iterator a predict_fn answered with (to stream: the server decides)."""
         data = self.to_model_input(inputs)
-        outputs = self.outputs_to_numpy(self.predict_data(data))
+        prediction = self.predict_data(data)
+        if self.hooks.streamed(prediction):
+            return prediction
+        outputs = self.outputs_to_numpy(prediction)
         if self.staging is not None:
             # An output that is a view of an input (an identity model on the CPU) must
             # not change under its request when the next pass reuses the buffer.

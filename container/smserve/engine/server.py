@@ -16,7 +16,6 @@ from gevent.threadpool import ThreadPool
 
 from smserve.engine import hardware, readiness
 from smserve.engine.artifacts import ModelLoadError
-from smserve.engine.hooks import is_stream
 from smserve.codecs import simple
 from smserve.errors import BadRequest, HTTPError, ServerError, Unavailable
 from smserve.core.metadata import ModelMetadata
@@ -145,7 +144,13 @@ class ModelServer:
 
     @property
     def streams(self) -> bool:
+        """predict_fn is known to answer with iterators (a generator function, or it has)."""
         return self.status == READY and self.model.hooks.streams
+
+    @property
+    def may_stream(self) -> bool:
+        """predict_fn may answer with an iterator: only its result tells."""
+        return self.status == READY and self.model.hooks.may_stream
 
     @property
     def model_lock(self):
@@ -211,14 +216,14 @@ class ModelServer:
         """The SageMaker hook chain, each missing hook replaced by the built-in step,
         all on the inference thread (user code may be CPU-bound). encode is the
         built-in encoder (None: the user's output_fn). Returns (body, media type), or
-        the iterator a predict_fn returned (to stream)."""
+        the iterator a predict_fn returned (to stream: what it returns decides)."""
         self.check_ready()
         model = self.model
         hooks = model.hooks
 
         def chain(data):
             prediction = self._hook_predict(data)
-            if is_stream(prediction):
+            if hooks.streamed(prediction):
                 return prediction
             if encode is None:
                 result = hooks.output_fn(prediction, accept)
@@ -230,12 +235,6 @@ class ModelServer:
             return encode(model.outputs_to_numpy(prediction))
 
         return self._hooks_pass(message, chain)
-
-    def stream_with_hooks(self, message, stream_format) -> Iterator[bytes]:
-        """A streaming predict_fn's answer, chunk by chunk."""
-        self.check_ready()
-        iterator = self._hooks_pass(message, self._hook_predict)
-        return self.stream_items(iterator, stream_format)
 
     def _hooks_pass(self, message, then):
         """input_fn (or the built-in decoder), then then(data), on the inference thread:

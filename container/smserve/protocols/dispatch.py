@@ -16,7 +16,8 @@ from typing import Iterator
 from smserve.codecs import media, records, simple, v2
 from smserve.core.inference import InferenceRequest
 from smserve.core.reply import Reply
-from smserve.errors import BadRequest, NotAcceptable, UnsupportedMediaType
+from smserve.engine.hooks import is_stream
+from smserve.errors import BadRequest, NotAcceptable, ServerError, UnsupportedMediaType
 from smserve.protocols.negotiation import default_accept, negotiate, preferred
 from smserve.settings import Settings
 from smserve.streaming import streams
@@ -24,7 +25,7 @@ from smserve.streaming import streams
 # Reply and the negotiation helpers are named here too: routes and sessions read the
 # protocol table's module for everything about answering.
 __all__ = ["Message", "Reply", "Protocol", "PROTOCOLS", "choose", "answer", "v2_reply", "simple_reply",
-           "default_accept", "negotiate", "preferred", "answer_labels"]
+           "streamed_reply", "default_accept", "negotiate", "preferred", "answer_labels"]
 
 OCTET_STREAM = "application/octet-stream"
 # Answers of one line per record, which can leave pass by pass.
@@ -127,6 +128,11 @@ class V2JsonBinary(_V2):
 
 def v2_reply(server, inference: InferenceRequest, sagemaker: bool) -> Reply:
     results = server.infer(inference.inputs)
+    if is_stream(results):
+        server.close_stream(results)
+        raise NotAcceptable("this model streams its answer (its predict_fn returned an iterator), and a KServe v2 "
+                            "answer cannot be streamed: send simple JSON to /invocations, with Accept one of "
+                            f"{', '.join(streams.STREAM_TYPES)}")
     size = sum(a.nbytes for a in results.values())
     payload, header_length = server.codec(size, _encode_v2, inference, results, server.metadata)
     return Reply(payload, v2.response_headers(header_length, sagemaker))
@@ -151,16 +157,18 @@ class Hooks(Protocol):
         return server.has_input_fn or message.kind in media.REQUEST_TYPES
 
     def answer(self, message, server, settings):
+        hooks = server.model.hooks
         default = default_accept(settings, message.kind)
-        if server.streams:
-            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn)
-            return streams.reply(server.stream_with_hooks(message, stream_format), stream_format)
-        if server.model.hooks.output_fn is not None:
+        stream_format = None
+        if hooks.streams:
+            # Known to stream: an Accept no stream can meet is refused before the model runs.
+            stream_format = streams.negotiate(message.accept, hooks.output_fn)
+        if hooks.output_fn is not None:
             # The user's output_fn may speak types we do not: it gets the client's first choice.
             accept, encode = preferred(message.accept, default), None
         else:
-            # A predict_fn may return an iterator without being a generator function:
-            # then the stream types are acceptable too, so a refusal waits for the result.
+            # Whether predict_fn streams is known from what it returns: then the stream
+            # types are acceptable too, so a refusal waits for the result.
             try:
                 accept, refusal = negotiate(message.accept, default), None
                 labels = answer_labels(message.accept, accept, server.metadata)
@@ -174,14 +182,20 @@ class Hooks(Protocol):
 
         result = server.infer_with_hooks(message, accept, encode)
         if not isinstance(result, tuple):  # predict_fn returned an iterator: stream it
-            try:
-                stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn)
-            except NotAcceptable:
-                server.close_stream(result)
-                raise
-            return streams.reply(server.stream_items(result, stream_format), stream_format)
+            return streamed_reply(server, message, result, stream_format)
         payload, media_type = result
         return Reply(payload, {"Content-Type": media_type})
+
+
+def streamed_reply(server, message: Message, iterator, stream_format=None) -> Reply:
+    """The iterator a predict_fn returned, streamed in the format the Accept chooses."""
+    try:
+        if stream_format is None:
+            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn)
+    except NotAcceptable:
+        server.close_stream(iterator)
+        raise
+    return streams.reply(server.stream_items(iterator, stream_format), stream_format)
 
 
 # ---------------------------------------------------------------- simple types
@@ -241,8 +255,14 @@ class Simple(Protocol):
 
 
 def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
-    accept = negotiate(message.accept, default_accept(settings, message.kind))
-    labels = answer_labels(message.accept, accept, server.metadata)
+    try:
+        accept, refusal = negotiate(message.accept, default_accept(settings, message.kind)), None
+    except NotAcceptable as e:
+        if not server.may_stream:
+            raise
+        # Only what predict_fn returns tells whether a stream type would do.
+        accept, refusal = None, e
+    labels = answer_labels(message.accept, accept, server.metadata) if refusal is None else None
     if accept in LINE_TYPES and server.passes(inputs) > 1:
         # Many records in a line format: each pass's lines leave as the pass ends, so
         # the first lines go out before the last pass runs. The first pass runs before
@@ -252,12 +272,20 @@ def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
         first = next(passes)
         return Reply(_resumed(first, passes), {"Content-Type": accept})
     outputs = server.infer(inputs)
+    if is_stream(outputs):
+        return streamed_reply(server, message, outputs)
+    if refusal is not None:
+        raise refusal
     payload, media_type = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
     return Reply(payload, {"Content-Type": media_type})
 
 
 def _lines_by_pass(server, inputs, accept: str, labels) -> Iterator[bytes]:
     for outputs in server.infer_by_pass(inputs):
+        if is_stream(outputs):
+            server.close_stream(outputs)
+            raise ServerError("predict_fn returned an iterator for a request of several forward passes (more "
+                              "records than the max batch size): a streamed answer must come from one pass")
         payload, _ = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
         yield payload
 

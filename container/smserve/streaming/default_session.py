@@ -128,7 +128,8 @@ class DefaultSession(Session):
 def _options(server, query: dict[str, str]) -> dict[str, str]:
     """The session's query options, checked before any message is read: 1008 for one
     the model cannot take. `accept` is checked per answer instead when the model's own
-    code may answer in other types (an output_fn) or streams (a generator predict_fn)."""
+    code may answer in other types (an output_fn) or stream (a predict_fn: only what it
+    returns tells)."""
     unknown = sorted(set(query) - set(OPTIONS))
     if unknown:
         raise Closing(CloseReason.POLICY_VIOLATION, f"unsupported query option(s) {', '.join(unknown)}; supported: "
@@ -142,7 +143,7 @@ def _options(server, query: dict[str, str]) -> dict[str, str]:
         options["content-type"] = value
     if "accept" in query:
         value = query["accept"]
-        if server.model.hooks.output_fn is None and not server.streams:
+        if server.model.hooks.output_fn is None and not server.may_stream:
             try:
                 value = negotiate(value, media.JSON)
             except HTTPError:
