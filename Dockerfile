@@ -82,6 +82,8 @@ EXPOSE 8080
 LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
 # SageMaker's bidirectional streaming API routes WebSocket sessions to /invocations-bidirectional-stream (8080) only with this label.
 LABEL com.amazonaws.sagemaker.capabilities.bidirectional-streaming=true
+# The same image serves a multi-model endpoint (SAGEMAKER_MULTI_MODEL=true: the /models API).
+LABEL com.amazonaws.sagemaker.capabilities.multi-models=true
 
 # Exec form without a shell or an init: `serve` execs gunicorn, which becomes PID 1
 # and so receives SageMaker's SIGTERM itself. SageMaker passes `serve` as the argument.

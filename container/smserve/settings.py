@@ -94,6 +94,10 @@ class Settings:
     # /ping at 500. For local runs (`make serve` sets it): under SageMaker the container
     # stays up, so that the endpoint reports the failure and the log says why.
     exit_on_load_error: bool = False
+    # SageMaker's multi-model endpoints: no model at start; the /models API loads and
+    # unloads them (docs/multi-model.md). None room: measured (engine/multi_model.py).
+    multi_model: bool = False
+    models_memory_mb: int | None = None
     # GET /metrics and the recording behind it (off: no route, nothing recorded).
     metrics: bool = True
 
@@ -274,6 +278,8 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "log_level": (PREFIX + "LOG_LEVEL", _log_level),
     "log_format": (PREFIX + "LOG_FORMAT", _one_of(LOG_FORMATS)),
     "exit_on_load_error": (PREFIX + "EXIT_ON_LOAD_ERROR", _bool),
+    "multi_model": ("SAGEMAKER_MULTI_MODEL", _bool),
+    "models_memory_mb": (PREFIX + "MODELS_MEMORY_MB", _positive_int),
     "metrics": (PREFIX + "METRICS", _bool),
 }
 # Read when the field's own variable is unset: SageMaker's name for the same setting.

@@ -95,6 +95,15 @@ class Runner:
         if self.max_batch_size > 0 and self._batcher is None:
             self._batcher = gevent.spawn(self._batch_loop)
 
+    def stop(self) -> None:
+        """End the batcher and the inference thread (a multi-model unload, once the
+        model's requests have finished): nothing may hold the model after this."""
+        if self._batcher is not None:
+            self._batcher.kill()
+            self._batcher = None
+        self._predict = None
+        self.pool.kill()
+
     def infer(self, inputs: Arrays) -> Arrays:
         """Named arrays in, named arrays out, batched with whatever else is waiting."""
         results = list(self.infer_by_pass(inputs))

@@ -33,17 +33,23 @@ OFFLOAD_BYTES = 256 * 1024
 
 class ModelServer:
     def __init__(self, settings: Settings, worker_index: int = 0, workers: int | None = None,
-                 state_dir: str | None = None):
+                 state_dir: str | None = None, model_dir: str | None = None, name: str | None = None,
+                 pools: tuple[ThreadPool, ThreadPool] | None = None):
+        """model_dir, name, pools: one model of a multi-model endpoint (engine/multi_model.py),
+        which is loaded from its own folder, named by SageMaker, and shares the worker's
+        codec and session threads with the other models."""
         self.settings = settings
+        self.model_dir = model_dir or settings.model_dir
+        self.name = name
         self.worker_index = worker_index
         self.workers = workers or settings.workers or hardware.default_workers(settings.model_dir, settings.workers_per_gpu)
         # Where workers leave a ready marker, so /ping on any worker can tell whether
         # all of them are ready (SageMaker sends traffic as soon as one ping is 200).
         self.state_dir = state_dir
         self.runner = Runner(max_delay_s=settings.max_batch_delay_ms / 1000.0)
-        self.codec_pool = ThreadPool(settings.codec_threads)
         # stream_fn sessions: one thread each while their code runs (websocket.py).
-        self.session_pool = ThreadPool(settings.max_sessions + 4)
+        self.codec_pool, self.session_pool = pools or (ThreadPool(settings.codec_threads),
+                                                       ThreadPool(settings.max_sessions + 4))
         self.stream_sessions = 0
         self.status = LOADING
         self.error: str | None = None
@@ -57,7 +63,7 @@ class ModelServer:
         if self.state_dir:
             # A restarted worker must not inherit its predecessor's readiness.
             readiness.clear(self.state_dir, self.worker_index)
-        gevent.spawn(self._load)
+        gevent.spawn(self.load)
 
     @property
     def loading(self) -> bool:
@@ -68,23 +74,26 @@ class ModelServer:
         its model is loaded: the other workers serve meanwhile."""
         return readiness.fully_started(self.state_dir)
 
-    def _load(self) -> None:
+    def load(self) -> None:
         try:
             self.runner.call(self._load_on_inference_thread)
         except Exception as e:
             self.status, self.error = FAILED, f"{type(e).__name__}: {e}"
             # A ModelLoadError names its problem in full (a missing file, a pickle where
             # TorchScript belongs): its traceback would be the server's own frames.
-            log.error("model failed to load from %s: %s", self.settings.model_dir, self.error,
+            log.error("model failed to load from %s: %s", self.model_dir, self.error,
                       exc_info=None if isinstance(e, ModelLoadError) else e)
-            if self.settings.exit_on_load_error:
-                _stop_the_server(self.settings.model_dir)
+            if self.settings.exit_on_load_error and self.name is None:
+                _stop_the_server(self.model_dir)
             return
         max_batch = self.settings.max_batch_size or self.model.metadata.max_batch_size
         if self.model.metadata.max_batch_size == 0:
             max_batch = 0  # the model takes whole tensors; never concatenate requests
-        self.runner.start(self.model.predict, max_batch, stage=self.model.stage, name=self.model.metadata.name)
-        _freeze_heap()
+        self.runner.start(self.model.predict, max_batch, stage=self.model.stage,
+                          name=self.name or self.model.metadata.name)
+        if self.name is None:
+            # (Not for a multi-model load: a frozen model could never be freed by an unload.)
+            _freeze_heap()
         self.status = READY
         if self.state_dir:
             try:
@@ -103,8 +112,15 @@ class ModelServer:
         device = model_module.choose_device(self.settings.device, self.worker_index)
         if device.type == "cpu":
             torch.set_num_threads(self.settings.torch_threads or max(1, hardware.cpu_count() // self.workers))
-        self.model = model_module.load_and_warm(self.settings.model_dir, device,
+        self.model = model_module.load_and_warm(self.model_dir, device,
                                                 self.settings.autocast, self.settings.compile_mode)
+
+    def close(self) -> None:
+        """Unload (multi-model endpoints): the inference thread ends and the model goes
+        with it; the caller gives the memory back (engine/memory.give_back)."""
+        self.runner.stats.ready(False)
+        self.runner.stop()
+        self.status, self.error, self.model = FAILED, "unloaded", None
 
     def check_ready(self) -> None:
         if self.status == READY:

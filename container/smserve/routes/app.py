@@ -15,6 +15,7 @@ import flask
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from smserve import metrics
+from smserve.engine.multi_model import MultiModelServer
 from smserve.engine.server import ModelServer, worker_slot_from_env
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.routes import endpoints
@@ -29,7 +30,8 @@ def create_app(settings: Settings | None = None, server: ModelServer | None = No
     if settings.metrics:
         metrics.enable()  # before the model loads: its runner reports through them
     if server is None:
-        server = ModelServer(settings, **worker_slot_from_env())
+        serving = MultiModelServer if settings.multi_model else ModelServer
+        server = serving(settings, **worker_slot_from_env())
         server.start()
     app = flask.Flask("smserve")
     # Werkzeug refuses a larger body with 413 from Content-Length, before reading it.

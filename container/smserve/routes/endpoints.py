@@ -10,6 +10,7 @@ import orjson
 
 from smserve.routes import sagemaker
 from smserve.routes.kserve import KServeRoutes
+from smserve.routes.models import MODELS, ModelRoutes
 from smserve.routes.metrics import MetricsRoutes
 from smserve.routes.sagemaker import SageMakerRoutes
 from smserve.routes.table import Request, Response, RouteTable, json_response
@@ -18,12 +19,21 @@ from smserve.settings import Settings
 
 def build(server, settings: Settings) -> RouteTable:
     table = RouteTable()
+    multi = settings.multi_model
     sm = SageMakerRoutes(server, settings)
     table.add(("GET", "POST"), sagemaker.PING, sm.ping, quiet=True)
-    table.add("POST", sagemaker.INVOCATIONS, sm.invocations)
+    table.add("POST", sagemaker.INVOCATIONS, sm.no_model_here if multi else sm.invocations)
     table.add("GET", sagemaker.EXECUTION_PARAMETERS, sm.execution_parameters)
 
-    kserve = KServeRoutes(server, settings)
+    if multi:
+        models = ModelRoutes(server, settings)
+        table.add("POST", MODELS, models.load)
+        table.add("GET", MODELS, models.list)
+        table.add("GET", MODELS + "/{name}", models.describe)
+        table.add("DELETE", MODELS + "/{name}", models.unload)
+        table.add("POST", MODELS + "/{name}/invoke", models.invoke)
+
+    kserve = KServeRoutes(server, settings, models=server if multi else None)
     table.add("GET", "/v2", kserve.server_metadata)
     table.add("GET", "/v2/health/live", kserve.live, quiet=True)
     table.add("GET", "/v2/health/ready", kserve.ready, quiet=True)

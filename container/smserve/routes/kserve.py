@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import orjson
 
 from smserve import __version__
@@ -19,9 +22,12 @@ SERVER_METADATA = orjson.dumps({"name": "smserve", "version": __version__,
 
 
 class KServeRoutes:
-    def __init__(self, server, settings: Settings):
+    def __init__(self, server, settings: Settings, models=None):
+        """models: a multi-model endpoint's (engine.multi_model.MultiModelServer): each
+        loaded model answers under its own name."""
         self.server = server
         self.settings = settings
+        self.models = models
 
     def server_metadata(self, request: Request) -> Response:
         return json_response(SERVER_METADATA)
@@ -37,27 +43,38 @@ class KServeRoutes:
         return Response(200)
 
     def model_metadata(self, request: Request) -> Response:
-        return json_response(orjson.dumps(self._metadata(request).to_v2()))
+        with self._model(request) as (server, metadata):
+            return json_response(orjson.dumps(metadata.to_v2()))
 
     def model_ready(self, request: Request) -> Response:
-        if self.server.status != READY:
+        if self.models is None and self.server.status != READY:
             raise BadRequest("Model version not ready")
-        self._metadata(request)
-        return Response(200)
+        with self._model(request):
+            return Response(200)
 
     def infer(self, request: Request) -> Response:
-        metadata = self._metadata(request)
-        body = request_body(self.server, self.settings, request)
-        header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
-        inference = self.server.codec(len(body), v2.decode_request, body, header_length, metadata)
-        reply = dispatch.v2_reply(self.server, inference, sagemaker=False)
-        return Response(200, list(reply.headers.items()), reply.body)
+        with self._model(request) as (server, metadata):
+            body = request_body(server, self.settings, request)
+            header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
+            inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
+            reply = dispatch.v2_reply(server, inference, sagemaker=False)
+            return Response(200, list(reply.headers.items()), reply.body)
 
-    def _metadata(self, request: Request) -> ModelMetadata:
+    @contextlib.contextmanager
+    def _model(self, request: Request) -> Iterator[tuple[object, ModelMetadata]]:
+        """The named model's server and metadata, for as long as the request uses them."""
         model, version = request.params["model"], request.params.get("version")
+        if self.models is not None:
+            with self.models.using(model) as server:
+                yield server, _versioned(model, version, server.metadata)
+            return
         metadata = self.server.metadata
         if model != metadata.name:
             raise NotFound(f"Request for unknown model: '{model}' is not found")
-        if version not in (None, "", metadata.version):
-            raise NotFound(f"Request for unknown model: '{model}' version {version} is not found")
-        return metadata
+        yield self.server, _versioned(model, version, metadata)
+
+
+def _versioned(model: str, version: str | None, metadata: ModelMetadata) -> ModelMetadata:
+    if version not in (None, "", metadata.version):
+        raise NotFound(f"Request for unknown model: '{model}' version {version} is not found")
+    return metadata

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 
 from smserve.codecs import contentcoding
+from smserve.errors import NotFound
 from smserve.protocols import dispatch
 from smserve.routes.table import Request, Response, json_response
 from smserve.settings import Settings
@@ -32,12 +33,20 @@ class SageMakerRoutes:
         return json_response(orjson.dumps(self.server.execution_parameters()))
 
     def invocations(self, request: Request) -> Response:
-        """The protocol is chosen by the protocol table; this route only moves the
-        request in and the reply out."""
-        body = request_body(self.server, self.settings, request)
-        message = dispatch.Message.from_http(body, request.header)
-        reply = dispatch.answer(message, self.server, self.settings)
-        return Response(200, list(reply.headers.items()), reply.body)
+        return invocation(self.server, self.settings, request)
+
+    def no_model_here(self, request: Request) -> Response:
+        raise NotFound("this is a multi-model endpoint (SAGEMAKER_MULTI_MODEL=true): invoke a model with "
+                       "POST /models/<name>/invoke (SageMaker: InvokeEndpoint with TargetModel)")
+
+
+def invocation(server, settings: Settings, request: Request) -> Response:
+    """An inference: the protocol is chosen by the protocol table; a route only moves the
+    request in and the reply out."""
+    body = request_body(server, settings, request)
+    message = dispatch.Message.from_http(body, request.header)
+    reply = dispatch.answer(message, server, settings)
+    return Response(200, list(reply.headers.items()), reply.body)
 
 
 def request_body(server, settings: Settings, request: Request) -> bytes:

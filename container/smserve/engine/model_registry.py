@@ -1,0 +1,173 @@
+"""The models of a multi-model endpoint, as every worker sees them: files in a folder.
+
+Each gunicorn worker is its own process with its own copy of each model (its own
+inference thread and device), and SageMaker's model API reaches whichever worker its
+connection lands on. So what is loaded is not one worker's memory but this folder
+(`serve` makes it for the workers: SMSERVE_STATE_DIR/models):
+
+- `<key>.model`: one per model name: its name, folder, generation and state
+  (loading -> ready -> unloading). Created exclusively, so two loads of one name
+  cannot both win.
+- `<key>.<generation>.w<N>`: worker N has done what the state asks: loaded it (with
+  what that took, or why it failed). Removed when worker N has unloaded it.
+
+Every worker follows the folder (engine/multi_model.py); the worker that took the API
+call answers only once every worker has acted, so a 200 means the same everywhere.
+Writes are a temporary file renamed into place: a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass
+
+from smserve.errors import Conflict
+
+LOADING, READY, UNLOADING = "loading", "ready", "unloading"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    url: str
+    generation: str
+    state: str
+
+    @property
+    def key(self) -> str:
+        return key(self.name)
+
+
+def key(name: str) -> str:
+    """A file name for any model name (SageMaker's names may hold '/' and dots)."""
+    return hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+class SharedRegistry:
+    def __init__(self, root: str):
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+
+    def claim(self, name: str, url: str) -> Entry:
+        """Register a new model, loading; 409 if the name is taken (loaded, or loading now)."""
+        entry = Entry(name, url, uuid.uuid4().hex[:12], LOADING)
+        temp = self._write_temp(asdict(entry))
+        try:
+            os.link(temp, self._model_path(entry.name))  # fails if the name exists: the exclusive part
+        except FileExistsError:
+            raise Conflict(f"Model {name!r} is already loaded") from None
+        finally:
+            os.unlink(temp)
+        return entry
+
+    def get(self, name: str) -> Entry | None:
+        return self._read_entry(self._model_path(name))
+
+    def entries(self) -> list[Entry]:
+        found = []
+        with os.scandir(self.root) as names:
+            for item in names:
+                if item.name.endswith(".model"):
+                    entry = self._read_entry(item.path)
+                    if entry is not None:
+                        found.append(entry)
+        return found
+
+    def set_state(self, entry: Entry, state: str) -> Entry:
+        changed = Entry(entry.name, entry.url, entry.generation, state)
+        os.replace(self._write_temp(asdict(changed)), self._model_path(entry.name))
+        return changed
+
+    def remove(self, entry: Entry) -> None:
+        """Forget the model (every worker has unloaded it), if this generation is still the one registered."""
+        current = self.get(entry.name)
+        if current is not None and current.generation == entry.generation:
+            _unlink(self._model_path(entry.name))
+        for worker in self.acks(entry):
+            _unlink(self._ack_path(entry, worker))
+
+    def ack(self, entry: Entry, worker: int, outcome: dict) -> None:
+        os.replace(self._write_temp(outcome), self._ack_path(entry, worker))
+
+    def unack(self, entry: Entry, worker: int) -> None:
+        _unlink(self._ack_path(entry, worker))
+
+    def forget_worker(self, worker: int) -> None:
+        """A worker (re)starts holding nothing: what its predecessor had done is void."""
+        suffix = f".w{worker}"
+        with os.scandir(self.root) as names:
+            for item in names:
+                if item.name.endswith(suffix) and not item.name.endswith(".model"):
+                    _unlink(item.path)
+
+    def acks(self, entry: Entry) -> dict[int, dict]:
+        prefix = f"{entry.key}.{entry.generation}.w"
+        found = {}
+        with os.scandir(self.root) as names:
+            for item in names:
+                if item.name.startswith(prefix):
+                    outcome = _read_json(item.path)
+                    if outcome is not None:
+                        found[int(item.name[len(prefix):])] = outcome
+        return found
+
+    def all_acks(self) -> dict[tuple[str, str], dict[int, dict]]:
+        """(key, generation) -> worker -> outcome, for every model: one pass over the folder."""
+        found: dict[tuple[str, str], dict[int, dict]] = {}
+        with os.scandir(self.root) as names:
+            for item in names:
+                parts = item.name.split(".")
+                if len(parts) == 3 and parts[2].startswith("w") and parts[2][1:].isdigit():
+                    outcome = _read_json(item.path)
+                    if outcome is not None:
+                        found.setdefault((parts[0], parts[1]), {})[int(parts[2][1:])] = outcome
+        return found
+
+    def read_value(self, name: str) -> dict | None:
+        return _read_json(os.path.join(self.root, name))
+
+    def write_value_once(self, name: str, value: dict) -> dict:
+        """Store value under name unless a value is there already; the stored one."""
+        temp = self._write_temp(value)
+        try:
+            os.link(temp, os.path.join(self.root, name))
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temp)
+        return self.read_value(name) or value
+
+    def _model_path(self, name: str) -> str:
+        return os.path.join(self.root, key(name) + ".model")
+
+    def _ack_path(self, entry: Entry, worker: int) -> str:
+        return os.path.join(self.root, f"{entry.key}.{entry.generation}.w{worker}")
+
+    def _read_entry(self, path: str) -> Entry | None:
+        value = _read_json(path)
+        return None if value is None else Entry(**value)
+
+    def _write_temp(self, value: dict) -> str:
+        fd, temp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f)
+        return temp
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

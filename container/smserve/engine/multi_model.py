@@ -1,0 +1,326 @@
+"""One worker's side of a multi-model endpoint (SAGEMAKER_MULTI_MODEL=true).
+
+SageMaker copies a model to the instance, then asks any worker to load it; it decides
+what to unload and when (on a 507 it unloads what it used least and retries): this
+server never unloads a model on its own. Each model is a ModelServer of its own: its
+hooks, metadata, inference thread and batching queue (two models' requests are never
+batched together), sharing the worker's codec and session threads.
+
+Every worker in step: the models wanted live in a shared folder (engine/model_registry.py)
+that every worker follows. The worker that takes `POST /models` registers the model and
+answers 200 once every worker has loaded and warmed it (so no sibling answers 404 or
+503 afterwards); `DELETE` answers once no worker holds it. A worker that restarts loads
+every registered model before it takes a connection.
+
+Room: each worker measures what a model's load added to its resident memory (and to
+each GPU's allocated memory); the sum over models and workers may not pass the room,
+SMSERVE_MODELS_MEMORY_MB or, unset, 90 % of what the container's memory limit (cgroup,
+else the host's memory) left free when the first model came. A load past it is undone
+and answered 507.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+
+import gevent
+from gevent.lock import Semaphore
+from gevent.threadpool import ThreadPool
+
+from smserve.engine import memory, readiness
+from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry
+from smserve.engine.server import FAILED, ModelServer
+from smserve.errors import BadRequest, Conflict, InsufficientStorage, NotFound, Unavailable
+from smserve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# How often a worker looks at the shared folder; also the poll of a caller waiting for
+# the other workers (a load is seconds, so this is noise in it).
+FOLLOW_S = 0.02
+ROOM_FILE = "room.json"
+ROOM_SHARE = 0.9  # of the memory left free when the first model came
+MODEL_FILES = ("model.pt2", "model.pt")
+
+
+class _Local:
+    """A model as this worker holds it."""
+
+    __slots__ = ("server", "entry", "inflight", "unloading")
+
+    def __init__(self, server: ModelServer, entry: Entry):
+        self.server = server
+        self.entry = entry
+        self.inflight = 0  # requests using it now: an unload waits for them
+        self.unloading = False
+
+
+class MultiModelServer:
+    def __init__(self, settings: Settings, worker_index: int = 0, workers: int | None = None,
+                 state_dir: str | None = None):
+        self.settings = settings
+        self.worker_index = worker_index
+        self.workers = workers or settings.workers or 1
+        self.state_dir = state_dir
+        self.shared = SharedRegistry(os.path.join(state_dir or tempfile.mkdtemp(prefix="smserve-"), "models"))
+        self.pools = (ThreadPool(settings.codec_threads), ThreadPool(settings.max_sessions + 4))
+        self.codec_pool = self.pools[0]
+        self.models: dict[str, _Local] = {}
+        self._load_lock = Semaphore()  # one load at a time, so each footprint is its own
+        self._busy: set[tuple[str, str]] = set()  # (name, generation) being loaded or unloaded here
+        self._failed: set[tuple[str, str]] = set()  # loads that failed in this process
+        self._synced = False
+        self.status = READY
+
+    # ------------------------------------------------------------ worker lifecycle
+
+    def start(self) -> None:
+        if self.state_dir:
+            readiness.clear(self.state_dir, self.worker_index)
+        # A killed predecessor's models went with it: an unload must not wait for it.
+        self.shared.forget_worker(self.worker_index)
+        gevent.spawn(self._follow)
+
+    @property
+    def loading(self) -> bool:
+        """A (re)started worker is loading the models already registered."""
+        return not self._synced
+
+    def defers_accepting(self) -> bool:
+        return readiness.fully_started(self.state_dir)
+
+    def check_ready(self) -> None:
+        """The server answers from the start: a model that fails to load never fails /ping."""
+
+    check_all_ready = check_ready
+
+    execution_parameters = ModelServer.execution_parameters
+
+    def _follow(self) -> None:
+        import gc
+
+        import torch  # noqa: F401 - in before the first model, so its footprint is the model's own
+
+        # What the start created (torch and every module) stays out of the collector's
+        # passes: each unload's collection then looks at what models made, not at a
+        # million objects that live as long as the worker.
+        gc.collect()
+        gc.freeze()
+
+        while True:
+            try:
+                self._sync()
+            except Exception:  # noqa: BLE001 - the follower must outlive any one bad model
+                log.exception("multi-model: following %s failed", self.shared.root)
+            if not self._synced and not self._busy:
+                self._synced = True
+                if self.state_dir:
+                    readiness.mark_ready(self.state_dir, self.worker_index, self.workers)
+            gevent.sleep(FOLLOW_S)
+
+    def _sync(self) -> None:
+        entries = self.shared.entries()
+        wanted = {e.name: e for e in entries if e.state in (LOADING, READY)}
+        for name, local in list(self.models.items()):
+            entry = wanted.get(name)
+            if (entry is None or entry.generation != local.entry.generation) and not local.unloading:
+                self._start(self._unload_here, local)
+        for entry in entries:
+            tag = (entry.name, entry.generation)
+            if entry.state == UNLOADING and tag in self._failed:
+                # A load that failed here left its outcome: withdrawing it is taking that back.
+                self._failed.discard(tag)
+                self.shared.unack(entry, self.worker_index)
+            elif entry.state != UNLOADING and entry.name not in self.models and tag not in self._failed:
+                self._start(self._load_here, entry)
+
+    def _start(self, job, target) -> None:
+        entry = target.entry if isinstance(target, _Local) else target
+        tag = (entry.name, entry.generation)
+        if tag in self._busy:
+            return
+        self._busy.add(tag)
+
+        def run():
+            try:
+                job(target)
+            finally:
+                self._busy.discard(tag)
+
+        gevent.spawn(run)
+
+    def _load_here(self, entry: Entry) -> None:
+        with self._load_lock:
+            current = self.shared.get(entry.name)
+            if current is None or current.generation != entry.generation or current.state == UNLOADING:
+                return  # withdrawn while it waited for its turn
+            before, gpu_before = memory.rss_bytes(), memory.gpu_allocated()
+            server = ModelServer(self.settings, self.worker_index, self.workers, model_dir=entry.url,
+                                 name=entry.name, pools=self.pools)
+            started = time.monotonic()
+            server.load()
+            if server.status == FAILED:
+                server.close()
+                memory.give_back()
+                self._failed.add((entry.name, entry.generation))
+                self.shared.ack(entry, self.worker_index, {"ok": False, "error": server.error})
+                return
+            footprint = {"host": max(0, memory.rss_bytes() - before)}
+            for device, used in memory.gpu_allocated().items():
+                footprint[f"cuda:{device}"] = max(0, used - gpu_before.get(device, 0))
+            self.models[entry.name] = _Local(server, entry)
+            log.info("multi-model: %r loaded from %s in %.2f s (%s)", entry.name, entry.url,
+                     time.monotonic() - started, ", ".join(f"{k} {v / memory.MB:.1f} MB" for k, v in footprint.items()))
+            self.shared.ack(entry, self.worker_index, {"ok": True, "footprint": footprint})
+
+    def _unload_here(self, local: _Local) -> None:
+        local.unloading = True
+        while local.inflight:
+            gevent.sleep(FOLLOW_S)  # requests already running on it finish first
+        self.models.pop(local.entry.name, None)
+        local.server.close()
+        local.server = None
+        memory.give_back()
+        self.shared.unack(local.entry, self.worker_index)
+        log.info("multi-model: %r unloaded", local.entry.name)
+
+    # ------------------------------------------------------------ the model API
+
+    def load(self, name: str, url: str) -> None:
+        """POST /models: returns once every worker has loaded and warmed the model."""
+        _check_model_folder(url)
+        self._check_room_before()
+        entry = self.shared.claim(name, url)
+        try:
+            outcomes = self._wait(entry, lambda acks: len(acks) >= self.workers)
+            failed = [o["error"] for o in outcomes.values() if not o["ok"]]
+            if failed:
+                raise BadRequest(f"model {name!r} failed to load from {url}: {failed[0]}")
+            used, room = self._used(), self._room()
+            over = [kind for kind, limit in room.items() if used.get(kind, 0) > limit]
+            if over:
+                raise InsufficientStorage(
+                    f"no room for model {name!r}: with it the models would hold "
+                    + ", ".join(f"{used[k] / memory.MB:.0f} MB of {k} memory (room: {room[k] / memory.MB:.0f} MB)"
+                                for k in over)
+                    + "; unload a model, or set SMSERVE_MODELS_MEMORY_MB")
+        except BaseException:
+            self._withdraw(entry)
+            raise
+        self.shared.set_state(entry, READY)
+
+    def unload(self, name: str) -> None:
+        """DELETE /models/<name>: returns once no worker holds the model."""
+        entry = self.shared.get(name)
+        if entry is None or entry.state == UNLOADING:
+            raise NotFound(f"Model {name!r} is not loaded")
+        self._withdraw(entry)
+
+    def describe(self, name: str) -> dict:
+        entry = self.shared.get(name)
+        if entry is None or entry.state != READY:
+            raise NotFound(f"Model {name!r} is not loaded")
+        return _description(entry)
+
+    def list(self, limit: int, token: str | None) -> dict:
+        """GET /models: the same on every worker (it reads the shared folder), by name."""
+        ready = sorted((e for e in self.shared.entries() if e.state == READY), key=lambda e: e.name)
+        start = _page_start(token, len(ready))
+        page = ready[start:start + limit]
+        answer: dict = {"models": [_description(e) for e in page]}
+        if start + limit < len(ready):
+            answer["nextPageToken"] = str(start + limit)
+        return answer
+
+    @contextlib.contextmanager
+    def using(self, name: str):
+        """The model's server while a request uses it (an unload waits until it is done)."""
+        local = self.model(name)
+        local.inflight += 1
+        try:
+            yield local.server
+        finally:
+            local.inflight -= 1
+
+    def model(self, name: str) -> _Local:
+        """The model for a request (count it in with `inflight` while it runs); 404 when
+        it is not loaded here, or an unload has begun."""
+        local = self.models.get(name)
+        if local is None or local.unloading:
+            raise NotFound(f"Model {name!r} is not loaded")
+        return local
+
+    # ------------------------------------------------------------ helpers
+
+    def _withdraw(self, entry: Entry) -> None:
+        entry = self.shared.set_state(entry, UNLOADING)
+        self._wait(entry, lambda acks: not acks)
+        self.shared.remove(entry)
+
+    def _wait(self, entry: Entry, done) -> dict[int, dict]:
+        deadline = time.monotonic() + self.settings.request_timeout
+        while True:
+            acks = self.shared.acks(entry)
+            if done(acks):
+                return acks
+            current = self.shared.get(entry.name)
+            if current is None or current.generation != entry.generation:
+                raise Conflict(f"model {entry.name!r} was unloaded while it loaded")
+            if time.monotonic() > deadline:
+                raise Unavailable(f"model {entry.name!r}: {len(acks)} of {self.workers} workers acted within "
+                                  f"{self.settings.request_timeout} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)")
+            gevent.sleep(FOLLOW_S)
+
+    def _used(self) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for outcomes in self.shared.all_acks().values():
+            for outcome in outcomes.values():
+                for kind, size in outcome.get("footprint", {}).items():
+                    used[kind] = used.get(kind, 0) + size
+        return used
+
+    def _room(self) -> dict[str, int]:
+        """kind ("host", "cuda:N") -> bytes the models may hold, fixed at the first load."""
+        if self.settings.models_memory_mb:
+            return {"host": self.settings.models_memory_mb * memory.MB}
+        stored = self.shared.read_value(ROOM_FILE)
+        if stored is not None:
+            return stored
+        room = {"host": int(max(0, memory.container_limit() - memory.container_usage()) * ROOM_SHARE)}
+        for device, free in memory.gpu_room().items():
+            room[f"cuda:{device}"] = int(free * ROOM_SHARE)
+        return self.shared.write_value_once(ROOM_FILE, room)
+
+    def _check_room_before(self) -> None:
+        """A room already full refuses at once, before anything is loaded."""
+        used, room = self._used(), self._room()
+        if any(used.get(kind, 0) >= limit for kind, limit in room.items()):
+            raise InsufficientStorage("no room for another model: the loaded ones fill the room "
+                                      f"({room['host'] / memory.MB:.0f} MB of host memory); unload one first")
+
+
+def _check_model_folder(url: str) -> None:
+    if not isinstance(url, str) or not url:
+        raise BadRequest("'url' must be the model's folder")
+    if not os.path.isdir(url):
+        raise BadRequest(f"no model folder at {url}")
+    if not any(os.path.isfile(os.path.join(url, f)) for f in MODEL_FILES) \
+            and not os.path.isfile(os.path.join(url, "code", "inference.py")):
+        raise BadRequest(f"{url} holds no model: expected {' or '.join(MODEL_FILES)}, or code/inference.py "
+                         "with a model_fn")
+
+
+def _description(entry: Entry) -> dict:
+    return {"modelName": entry.name, "modelUrl": entry.url}
+
+
+def _page_start(token: str | None, total: int) -> int:
+    if token is None or token == "":
+        return 0
+    if not token.isdigit() or int(token) > total:
+        raise BadRequest(f"invalid next_page_token {token!r}")
+    return int(token)

@@ -1,0 +1,80 @@
+"""SageMaker's multi-model API (SAGEMAKER_MULTI_MODEL=true): load, list, describe,
+invoke and unload models; engine/multi_model.py does the work."""
+
+from __future__ import annotations
+
+import orjson
+
+from smserve.errors import BadRequest
+from smserve.routes.sagemaker import invocation
+from smserve.routes.table import Request, Response, json_response
+from smserve.settings import Settings
+
+MODELS = "/models"
+# What a page of GET /models holds unless the caller asks for fewer (or more, up to MAX_PAGE).
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
+
+
+class ModelRoutes:
+    def __init__(self, models, settings: Settings):
+        self.models = models  # engine.multi_model.MultiModelServer
+        self.settings = settings
+
+    def load(self, request: Request) -> Response:
+        try:
+            spec = orjson.loads(request.body)
+        except orjson.JSONDecodeError as e:
+            raise BadRequest(f"the body must be JSON: {{\"model_name\": ..., \"url\": ...}} ({e})") from None
+        if not isinstance(spec, dict) or not isinstance(spec.get("model_name"), str) or not spec["model_name"] \
+                or not isinstance(spec.get("url"), str):
+            raise BadRequest('the body must be {"model_name": "<name>", "url": "<the model\'s folder>"}')
+        self.models.load(spec["model_name"], spec["url"])
+        return json_response(orjson.dumps({"status": f"Model {spec['model_name']!r} loaded"}))
+
+    def list(self, request: Request) -> Response:
+        query = _query(request.query)
+        limit = query.get("limit", str(DEFAULT_PAGE))
+        if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
+            raise BadRequest(f"limit must be a whole number from 1 to {MAX_PAGE}")
+        return json_response(orjson.dumps(self.models.list(int(limit), query.get("next_page_token"))))
+
+    def describe(self, request: Request) -> Response:
+        return json_response(orjson.dumps(self.models.describe(request.params["name"])))
+
+    def unload(self, request: Request) -> Response:
+        name = request.params["name"]
+        self.models.unload(name)
+        return json_response(orjson.dumps({"status": f"Model {name!r} unloaded"}))
+
+    def invoke(self, request: Request) -> Response:
+        """As /invocations answers, with the named model. It counts as in flight until its
+        answer has left, streamed answers included: an unload waits for it."""
+        local = self.models.model(request.params["name"])
+        local.inflight += 1
+        try:
+            answer = invocation(local.server, self.settings, request)
+        except BaseException:
+            local.inflight -= 1
+            raise
+        if answer.streamed:
+            answer.body = _released(answer.body, local)
+        else:
+            local.inflight -= 1
+        return answer
+
+
+def _released(chunks, local):
+    try:
+        yield from chunks
+    finally:
+        local.inflight -= 1
+        if hasattr(chunks, "close"):
+            chunks.close()
+
+
+def _query(query: str) -> dict[str, str]:
+    from urllib.parse import parse_qsl
+
+    return dict(parse_qsl(query or "", keep_blank_values=True))

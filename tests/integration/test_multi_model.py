@@ -1,0 +1,266 @@
+"""Multi-model endpoints (SAGEMAKER_MULTI_MODEL=true) in a real gunicorn with 2 workers:
+SageMaker's model API, every worker in step, room measured (507), memory given back
+after unloads, races of loads, invokes and unloads, and SIGTERM in MME mode.
+
+Two servers, started side by side: one for the API and the races (room unlimited in
+practice), one with a small room for the 507 cases."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from local_test.server_process import ServerProcess
+from tests.helpers.models import echo_hooks, model_dir_with
+from tests.helpers.servers import start_all, wait_until, worker_pids
+
+PIXELS = [[float(i % 17) for i in range(64)]]
+MME = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
+# Room for the 507 server: the first model also brings what every model's first load
+# needs (~100 MB a worker, measured), then one big model (~155 MB a worker) fits and a
+# second does not; after an unload it does.
+SMALL_ROOM_MB = 680
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, example_model_dir) -> Path:
+    root = tmp_path_factory.mktemp("mme")
+    for name in ("a", "b", "c", "cycle", "race", "drain"):
+        shutil.copytree(example_model_dir, root / name)
+    for name in ("big1", "big2"):
+        (root / name).mkdir()
+        torch.jit.save(torch.jit.script(torch.nn.Linear(6400, 6144)), str(root / name / "model.pt"))
+    (root / "broken").mkdir()
+    (root / "broken" / "model.pt").write_bytes(b"this is not a model")
+    model_dir_with(root, echo_hooks(), "echo")
+    return root
+
+
+@pytest.fixture(scope="module")
+def servers(models, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("mme-logs")
+    api = ServerProcess(models / "none", MME, log_path=logs / "api.log")
+    small = ServerProcess(models / "none", {**MME, "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
+                          log_path=logs / "small.log")
+    start_all([api, small])
+    yield {"api": api, "small": small}
+    for server in (api, small):
+        server.terminate()
+
+
+def load(server, name, url, timeout=120):
+    return requests.post(server.url + "/models", json={"model_name": name, "url": str(url)}, timeout=timeout)
+
+
+def invoke(server, name, body=None, **kwargs):
+    # A new connection each time: gunicorn's workers take turns at the listening socket.
+    with requests.Session() as s:
+        return s.post(f"{server.url}/models/{name}/invoke", json=body or {"instances": PIXELS}, timeout=60, **kwargs)
+
+
+def test_ping_is_200_with_no_model_and_invocations_points_to_the_model_api(servers):
+    server = servers["api"]
+    assert requests.get(server.url + "/ping").status_code == 200
+    r = requests.post(server.url + "/invocations", json={"instances": PIXELS})
+    assert r.status_code == 404 and "/models/" in r.json()["error"]
+
+
+def test_the_whole_model_api(servers, models):
+    server = servers["api"]
+    r = load(server, "a", models / "a")
+    assert r.status_code == 200, r.text
+    # Loaded through every worker the moment the 200 came: never a 404 from a sibling.
+    codes = [invoke(server, "a").status_code for _ in range(30)]
+    assert codes == [200] * 30
+    assert len(invoke(server, "a").json()["predictions"]) == 1
+    assert load(server, "a", models / "a").status_code == 409
+    assert requests.get(server.url + "/models/a").json() == {"modelName": "a", "modelUrl": str(models / "a")}
+    assert requests.get(server.url + "/models/nope").status_code == 404
+    assert invoke(server, "nope").status_code == 404
+    # Every content type and Accept, as /invocations answers them.
+    csv = requests.post(server.url + "/models/a/invoke", data="1," * 63 + "1\n", timeout=30,
+                        headers={"Content-Type": "text/csv", "Accept": "text/csv",
+                                 "X-Amzn-SageMaker-Target-Model": "a.tar.gz"})
+    assert csv.status_code == 200 and csv.headers["Content-Type"].startswith("text/csv")
+    v2 = requests.get(server.url + "/v2/models/a")
+    assert v2.status_code == 200 and v2.json()["inputs"][0]["name"] == "pixels"
+    r = requests.delete(server.url + "/models/a")
+    assert r.status_code == 200
+    # Unloaded from every worker before the 200.
+    assert [invoke(server, "a").status_code for _ in range(10)] == [404] * 10
+    assert requests.delete(server.url + "/models/a").status_code == 404
+    assert requests.get(server.url + "/v2/models/a").status_code == 404
+
+
+def test_list_is_the_same_on_every_worker_and_pages(servers, models):
+    server = servers["api"]
+    for name in ("b", "c", "echo"):
+        assert load(server, name, models / name).status_code == 200
+    try:
+        seen = {requests.get(server.url + "/models", timeout=10).text for _ in range(10)}
+        assert len(seen) == 1
+        listed = json.loads(seen.pop())["models"]
+        assert [m["modelName"] for m in listed] == ["b", "c", "echo"]
+        first = requests.get(server.url + "/models", params={"limit": 2}).json()
+        assert [m["modelName"] for m in first["models"]] == ["b", "c"]
+        rest = requests.get(server.url + "/models", params={"limit": 2, "next_page_token": first["nextPageToken"]}).json()
+        assert [m["modelName"] for m in rest["models"]] == ["echo"] and "nextPageToken" not in rest
+        assert requests.get(server.url + "/models", params={"limit": 0}).status_code == 400
+        assert requests.get(server.url + "/models", params={"next_page_token": "x"}).status_code == 400
+        # Each model its own hooks: echo doubles, the digits models classify.
+        assert invoke(server, "echo", {"x": [1, 2]}).json() == {"predictions": [2.0, 4.0]}
+        assert "predictions" in invoke(server, "b").json()
+    finally:
+        for name in ("b", "c", "echo"):
+            requests.delete(server.url + f"/models/{name}")
+
+
+@pytest.mark.parametrize("body, status", [
+    ({"model_name": "x", "url": "/does/not/exist"}, 400),
+    ({"model_name": "x"}, 400),
+    ({"url": "/tmp"}, 400),
+    ("not json", 400),
+])
+def test_a_bad_load_request_is_a_json_4xx(servers, body, status):
+    server = servers["api"]
+    r = requests.post(server.url + "/models", data=body if isinstance(body, str) else json.dumps(body))
+    assert r.status_code == status and "error" in r.json()
+    assert requests.get(server.url + "/models/x").status_code == 404
+
+
+def test_a_broken_model_is_400_and_the_others_go_on(servers, models):
+    server = servers["api"]
+    assert load(server, "c", models / "c").status_code == 200
+    try:
+        r = load(server, "broken", models / "broken")
+        assert r.status_code == 400 and "broken" in r.json()["error"]
+        assert requests.get(server.url + "/models/broken").status_code == 404
+        assert requests.get(server.url + "/ping").status_code == 200
+        assert [invoke(server, "c").status_code for _ in range(6)] == [200] * 6
+        # The name is free again: a fixed folder loads under it.
+        assert load(server, "broken", models / "b").status_code == 200
+        requests.delete(server.url + "/models/broken")
+    finally:
+        requests.delete(server.url + "/models/c")
+
+
+def test_no_room_is_507_and_a_load_that_fits_after_an_unload(servers, models):
+    server = servers["small"]
+    assert load(server, "a", models / "a").status_code == 200
+    assert load(server, "big1", models / "big1").status_code == 200
+    r = load(server, "big2", models / "big2")
+    assert r.status_code == 507, r.text
+    assert "room" in r.json()["error"]
+    # What the refused load took is given back, everywhere: it is not listed, not answered.
+    assert [m["modelName"] for m in requests.get(server.url + "/models").json()["models"]] == ["a", "big1"]
+    assert requests.post(server.url + "/models/big2/invoke", json={}).status_code == 404
+    assert requests.delete(server.url + "/models/big1").status_code == 200
+    assert load(server, "big2", models / "big2").status_code == 200
+    assert [invoke(server, "a").status_code for _ in range(4)] == [200] * 4
+    for name in ("a", "big2"):
+        assert requests.delete(server.url + f"/models/{name}").status_code == 200
+
+
+def _rss(pids) -> int:
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/statm") as f:
+            total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return total
+
+
+def test_memory_returns_after_unloads_over_many_cycles(servers, models):
+    """50 load/unload cycles of one model: the workers' resident memory after the last
+    is within noise of after the fifth (the first loads bring what every load needs)."""
+    server = servers["api"]
+    pids = worker_pids(server)
+    samples = {}
+    for cycle in range(1, 51):
+        assert load(server, "cycle", models / "cycle").status_code == 200
+        assert invoke(server, "cycle").status_code == 200
+        assert requests.delete(server.url + "/models/cycle").status_code == 200
+        if cycle in (5, 50):
+            samples[cycle] = _rss(pids)
+    assert worker_pids(server) == pids
+    growth_mb = (samples[50] - samples[5]) / 2 ** 20
+    assert growth_mb < 20, f"workers grew {growth_mb:.1f} MB over 45 load/unload cycles"
+
+
+def test_loads_racing_invokes_and_unloads_of_one_name(servers, models):
+    """Loaders, unloaders and invokers of one name at once: only the contract's answers
+    (200, 404, 409), never a 5xx, and /ping keeps answering."""
+    server = servers["api"]
+    stop = time.monotonic() + 8
+    seen: dict[str, set] = {"load": set(), "unload": set(), "invoke": set(), "ping": set()}
+    lock = threading.Lock()
+
+    def loop(kind, call):
+        while time.monotonic() < stop:
+            status = call().status_code
+            with lock:
+                seen[kind].add(status)
+            if kind == "unload":
+                time.sleep(0.3)  # room for a load to finish now and then
+
+    calls = {
+        "load": lambda: load(server, "race", models / "race"),
+        "unload": lambda: requests.delete(server.url + "/models/race", timeout=60),
+        "invoke": lambda: invoke(server, "race"),
+        "ping": lambda: requests.get(server.url + "/ping", timeout=2),
+    }
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(loop, kind, call) for kind, call in calls.items() for _ in range(2)]
+        for future in futures:
+            future.result()
+    assert seen["load"] <= {200, 409} and 200 in seen["load"], seen
+    assert seen["unload"] <= {200, 404} and 200 in seen["unload"], seen
+    assert seen["invoke"] <= {200, 404}, seen
+    assert seen["ping"] == {200}, seen
+    requests.delete(server.url + "/models/race")
+    assert requests.get(server.url + "/models/race").status_code == 404
+
+
+def test_a_restarted_worker_loads_every_model_before_it_serves(servers, models):
+    server = servers["api"]
+    assert load(server, "a", models / "a").status_code == 200
+    try:
+        before = worker_pids(server)
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        successor = wait_until(lambda: (worker_pids(server) - before), timeout=30).pop()
+        # The successor loads 'a' before it takes a connection; from then on both answer.
+        assert wait_until(lambda: f"[{successor}] INFO smserve.engine.multi_model: multi-model: 'a' loaded"
+                          in server.log(), timeout=60)
+        codes = [invoke(server, "a").status_code for _ in range(40)]
+        assert codes == [200] * 40
+        r = requests.delete(server.url + "/models/a", timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        requests.delete(server.url + "/models/a")
+
+
+def test_sigterm_drains_invokes_in_flight(models, tmp_path):
+    server = ServerProcess(models / "none", MME, log_path=tmp_path / "drain.log").start()
+    try:
+        assert load(server, "echo", models / "echo").status_code == 200
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(invoke, server, "echo", {"x": [i], "sleep": 1.5}) for i in range(4)]
+            assert wait_until(lambda: server.log().count("POST /models/echo/invoke") == 0 and time.sleep(0.3) is None,
+                              timeout=5) is not None
+            os.kill(server.proc.pid, signal.SIGTERM)
+            answers = [f.result() for f in futures]
+        assert [a.status_code for a in answers] == [200] * 4
+        assert sorted(a.json()["predictions"][0] for a in answers) == [0.0, 2.0, 4.0, 6.0]
+        assert server.proc.wait(timeout=30) == 0
+    finally:
+        server.terminate()
