@@ -47,7 +47,7 @@ class ModelServer:
         # all of them are ready (SageMaker sends traffic as soon as one ping is 200).
         self.state_dir = state_dir
         self.runner = Runner(max_delay_s=settings.max_batch_delay_ms / 1000.0)
-        # stream_fn sessions: one thread each while their code runs (websocket.py).
+        # stream_fn sessions: one thread each while their code runs (streaming/stream_fn.py).
         self.codec_pool, self.session_pool = pools or (ThreadPool(settings.codec_threads),
                                                        ThreadPool(settings.max_sessions + 4))
         self.stream_sessions = 0
