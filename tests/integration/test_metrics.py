@@ -103,11 +103,24 @@ def test_counts_are_exact_over_both_workers(server):
         for i in range(WS_MESSAGES):
             ws.send(json.dumps({"x": [[float(i)]]}))
             assert json.loads(ws.recv())
-    after, _ = wait_until(lambda: _scrape_once_closed(server), timeout=10)
-    name = model_name(after)
+    # A worker writes its counts once a second (the one answering the scrape, at once):
+    # scrape until both workers' are in.
+    expected = {("smserve_requests_total", INVOKE, "200"): 2 * N, ("smserve_requests_total", INVOKE, "400"): N,
+                ("smserve_requests_total", INVOKE, "500"): N, ("smserve_requests_total", "unmatched", "404"): N,
+                ("smserve_requests_total", WS_ROUTE, "101"): 1}
 
     def delta(metric, **labels):
         return value(after, metric, **labels) - value(before, metric, **labels)
+
+    def settled():
+        now = scrape(server)[0]
+        done = all(value(now, m, route=r, code=c) - value(before, m, route=r, code=c) >= n
+                   for (m, r, c), n in expected.items())
+        return now if done and value(now, "smserve_websocket_sessions_open") == 0 else None
+
+    after = wait_until(settled, timeout=10, interval=0.2)
+    assert after, scrape(server)[1].text
+    name = model_name(after)
 
     assert delta("smserve_requests_total", route=INVOKE, code="200") == 2 * N
     assert delta("smserve_requests_total", route=INVOKE, code="400") == N
@@ -138,19 +151,13 @@ def test_counts_are_exact_over_both_workers(server):
     assert len(answering) == 2, answering
 
 
-def _scrape_once_closed(server):
-    """The scrape once the WebSocket session's end has been recorded (its access line
-    comes after the client's close)."""
-    samples, answer = scrape(server)
-    done = value(samples, "smserve_websocket_sessions_open") == 0 and any(
-        metric == "smserve_requests_total" and dict(labels)["route"] == WS_ROUTE for (metric, labels) in samples)
-    return (samples, answer) if done else None
-
-
 def test_histogram_buckets_are_cumulative_and_end_at_the_count(server):
     for _ in range(3):
         assert post(server, {"x": [[1.0]]}).status_code == 200
-    samples, _ = scrape(server)
+    # A route's histogram count is its requests, whatever their status, once both workers
+    # have written their last second's counts.
+    samples = wait_until(lambda: _consistent(scrape(server)[0]), timeout=10, interval=0.2)
+    assert samples, scrape(server)[1].text
     checked = 0
     for histogram, label in (("smserve_request_duration_seconds", "route"), ("smserve_queue_duration_seconds", "model")):
         series = {dict(labels)[label] for (metric, labels) in samples if metric == histogram + "_count"}
@@ -164,11 +171,13 @@ def test_histogram_buckets_are_cumulative_and_end_at_the_count(server):
             assert buckets[-1][1] == value(samples, histogram + "_count", **{label: key})
             assert value(samples, histogram + "_sum", **{label: key}) >= 0
             checked += 1
-    # A route's histogram count is its requests, whatever their status.
+    assert checked >= 3
+
+
+def _consistent(samples):
     total = sum(v for (metric, labels), v in samples.items()
                 if metric == "smserve_requests_total" and dict(labels)["route"] == INVOKE)
-    assert value(samples, "smserve_request_duration_seconds_count", route=INVOKE) == total
-    assert checked >= 3
+    return samples if value(samples, "smserve_request_duration_seconds_count", route=INVOKE) == total else None
 
 
 def test_openmetrics_when_the_scraper_asks_for_it(server):
@@ -199,14 +208,20 @@ def test_counters_never_go_backwards_across_a_killed_worker(server):
     name = model_name(after)
     for _ in range(N):
         assert post(server, {"x": [[1.0]] * ROWS}).status_code == 200
-    later, _ = scrape(server)
-    assert value(later, "smserve_inferences_total", model=name) - value(after, "smserve_inferences_total",
-                                                                           model=name) == ROWS * N
+    later = wait_until(lambda: _grown(scrape(server)[0], after, name, ROWS * N), timeout=10, interval=0.2)
+    assert later, "the counts did not grow by exactly what was sent"
     assert value(later, "smserve_requests_total", route=INVOKE, code="200") - value(
         after, "smserve_requests_total", route=INVOKE, code="200") == N
     # The dead worker's live gauges went with it: 2 workers, not 3; the model ready, once.
     assert value(later, "smserve_workers") == 2
     assert value(later, "smserve_model_ready", model=name) == 1
+
+
+def _grown(samples, since, name, records):
+    grown = value(samples, "smserve_inferences_total", model=name) - value(since, "smserve_inferences_total",
+                                                                           model=name)
+    assert grown <= records, grown  # never more than was sent
+    return samples if grown == records else None
 
 
 def _with_workers(scraped, n):

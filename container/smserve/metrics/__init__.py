@@ -1,10 +1,11 @@
 """The server's metrics: what the rest of the code records, and nothing else to know.
 
-`enable(settings)` turns them on in a worker (routes.app.create_app calls it); until
-then, and with SMSERVE_METRICS=false, every function here returns at once. Every
-recording call runs on the worker's event loop (never on the inference or codec
-threads), so no lock is contended on the inference path; /metrics collects on a
-codec thread (exposition.py).
+`enable()` turns them on in a worker (routes.app.create_app calls it); until then, and
+with SMSERVE_METRICS=false, every function here returns at once. Every recording call
+runs on the worker's event loop (never on the inference or codec threads), so no lock
+is contended on the inference path; what happens per request is kept in plain Python
+and written to the shared files once a second (tally.py); /metrics collects on a codec
+thread (exposition.py).
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 import os
 import time
 
+from smserve.metrics.tally import Count, Level, Observations, flush  # noqa: F401 - flush: for the scrape
+
 _families = None  # catalog.Catalog once enabled
 _registry = None  # single-process mode's registry (None in multiprocess mode)
-_requests: dict = {}  # (route, code) -> (counter child, histogram child)
+_requests: dict = {}  # (route, code) -> (its Count, its route's Observations)
+_durations: dict = {}  # route -> Observations
 _models: dict = {}  # name -> ModelStats
 
 
@@ -27,7 +31,7 @@ def enable() -> None:
         return
     from prometheus_client import CollectorRegistry
 
-    from smserve.metrics import catalog, process
+    from smserve.metrics import catalog, exposition, process  # noqa: F401 - exposition: its imports, now
 
     _registry = None if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else CollectorRegistry(auto_describe=True)
     _families = catalog.Catalog(_registry)
@@ -52,12 +56,14 @@ def request(route: str, status: int, seconds: float) -> None:
     if _families is None:
         return
     key = (route, status)
-    children = _requests.get(key)
-    if children is None:
-        children = _requests[key] = (_families.requests.labels(route, str(status)),
-                                     _families.request_duration.labels(route))
-    children[0].inc()
-    children[1].observe(seconds)
+    tallies = _requests.get(key)
+    if tallies is None:
+        duration = _durations.get(route)
+        if duration is None:
+            duration = _durations[route] = Observations(_families.request_duration.labels(route))
+        tallies = _requests[key] = (Count(_families.requests.labels(route, str(status))), duration)
+    tallies[0].inc()
+    tallies[1].observe(seconds)
 
 
 def model(name: str) -> "ModelStats":
@@ -81,11 +87,11 @@ class ModelStats:
         if f is None or name is None:  # off, or a model not loaded yet
             self._inferences = self._batches = self._queue = self._pending = self._ready = None
             return
-        self._inferences = f.inferences.labels(name)
-        self._batches = f.batches.labels(name)
-        self._queue = f.queue_duration.labels(name)
-        self._pending = f.pending.labels(name)
-        self._ready = f.model_ready.labels(name)
+        self._inferences = Count(f.inferences.labels(name))
+        self._batches = Count(f.batches.labels(name))
+        self._queue = Observations(f.queue_duration.labels(name))
+        self._pending = Level(f.pending.labels(name))
+        self._ready = f.model_ready.labels(name)  # rare: written at once
 
     def ran(self, records: int) -> None:
         """A forward pass over `records` records ended well."""
@@ -100,7 +106,7 @@ class ModelStats:
 
     def pending(self, delta: int) -> None:
         if self._pending is not None:
-            self._pending.inc(delta)
+            self._pending.add(delta)
 
     def ready(self, ready: bool) -> None:
         """Loaded and serving (True), or unloaded (False): the series stays, at 0."""
@@ -108,26 +114,36 @@ class ModelStats:
             self._ready.set(1 if ready else 0)
 
 
+_events: dict = {}  # name -> Count, for the unlabelled counters
+
+
+def _count(name: str) -> None:
+    count = _events.get(name)
+    if count is None:
+        count = _events[name] = Count(getattr(_families, name))
+    count.inc()
+
+
 def websocket_session(opened: bool) -> None:
     if _families is None:
         return
     if opened:
-        _families.sessions.inc()
-        _families.sessions_open.inc()
+        _count("sessions")
+        _families.sessions_open.inc()  # rare: written at once
     else:
         _families.sessions_open.dec()
 
 
 def websocket_message() -> None:
     if _families is not None:
-        _families.messages.inc()
+        _count("messages")
 
 
 def stream_started() -> None:
     if _families is not None:
-        _families.streams.inc()
+        _count("streams")
 
 
 def stream_chunk() -> None:
     if _families is not None:
-        _families.chunks.inc()
+        _count("chunks")

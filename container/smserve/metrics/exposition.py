@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import os
 
+# Imported with the metrics (enable), not at the first scrape: about 0.1 s of imports on
+# a codec thread, holding the import lock the loop may need meanwhile.
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector
+
 from smserve import metrics
 
 
 def collect(accept: str | None) -> tuple[bytes, str]:
     """(body, Content-Type) as the scraper's Accept asks: OpenMetrics when it names
     application/openmetrics-text, else Prometheus text 0.0.4."""
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.exposition import choose_encoder
-
     registry = metrics.registry()
     if registry is None:  # multiprocess mode: the files are the truth
-        from prometheus_client.multiprocess import MultiProcessCollector
-
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
     encode, content_type = choose_encoder(accept or "")

@@ -17,14 +17,15 @@ import sys
 
 log = logging.getLogger(__name__)
 
-SAMPLE_INTERVAL_S = 5.0
+SAMPLE_INTERVAL_S = 5.0  # a multiple of tally.FLUSH_INTERVAL_S
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _cpu_seen = 0.0  # this process's CPU seconds already counted
 _sampler = None
 
 
 def start_sampling() -> None:
-    """Sample now and then every SAMPLE_INTERVAL_S, in a greenlet of this worker's loop."""
+    """Sample now and then every SAMPLE_INTERVAL_S, and flush the tallies every
+    tally.FLUSH_INTERVAL_S, in a greenlet of this worker's loop."""
     global _sampler
     sample()
     if _sampler is None:
@@ -36,12 +37,19 @@ def start_sampling() -> None:
 def _sample_forever() -> None:
     import gevent
 
+    from smserve.metrics import tally
+
+    ticks = 0
     while True:
-        gevent.sleep(SAMPLE_INTERVAL_S)
+        gevent.sleep(tally.FLUSH_INTERVAL_S)
+        ticks += 1
         try:
-            sample()
+            tally.flush()
+            if ticks * tally.FLUSH_INTERVAL_S >= SAMPLE_INTERVAL_S:
+                ticks = 0
+                sample()
         except Exception:  # noqa: BLE001 - a metric must never take the worker down
-            log.exception("sampling the process's metrics failed")
+            log.exception("writing the process's metrics failed")
 
 
 def sample(torch=None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from smserve import metrics
 from smserve.metrics import exposition, process
 from smserve.routes.table import Request, Response
 
@@ -11,8 +12,10 @@ class MetricsRoutes:
         self.server = server  # for its codec threads: a single- or multi-model server
 
     def metrics(self, request: Request) -> Response:
-        # The answering worker's own CPU and memory as of now; the others' are at most
-        # process.SAMPLE_INTERVAL_S old.
+        # The answering worker's own counts, CPU and memory as of now; the others' counts
+        # are at most tally.FLUSH_INTERVAL_S old, their CPU and memory
+        # process.SAMPLE_INTERVAL_S.
+        metrics.flush()
         process.sample()
         # Reading and merging every worker's files costs as much as decoding a large
         # body: a codec thread does it, so /ping never waits behind a scrape.
