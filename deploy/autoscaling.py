@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 from deploy.aws import Aws, DeployError, one_line, say
 
 VARIANT_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+COPY_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
 # Scale out fast, in slowly: a cold instance costs minutes of model loading.
 _COOLDOWNS = {"ScaleInCooldown": 300, "ScaleOutCooldown": 60}
 _POLICY_CONFIGS = ("TargetTrackingScalingPolicyConfiguration", "StepScalingPolicyConfiguration", "PredictiveScalingPolicyConfiguration")
@@ -32,6 +33,10 @@ class Target:
 
 def variant_target(endpoint_name: str, variant_name: str) -> Target:
     return Target(f"endpoint/{endpoint_name}/variant/{variant_name}")
+
+
+def component_target(component_name: str) -> Target:
+    return Target(f"inference-component/{component_name}", COPY_DIMENSION)
 
 
 def _track(aws: Aws, target: Target, min_capacity: int, max_capacity: int, policy_name: str, tracking: dict) -> str:
@@ -91,6 +96,42 @@ def autoscale_async(aws: Aws, endpoint_name: str, variant_name: str, min_capacit
     return arn
 
 
+def no_capacity_alarm_name(component_name: str) -> str:
+    return f"{component_name}-no-capacity"
+
+
+def autoscale_component(aws: Aws, component_name: str, min_copies: int, max_copies: int, invocations_per_copy: float) -> str:
+    """Scale an inference component's copies on invocations per copy per minute.
+
+    With min_copies 0 the component scales to zero copies when idle, and SageMaker then
+    releases the instances (ManagedInstanceScaling down to 0). As for async endpoints,
+    target tracking cannot leave zero, so AWS's "scale to zero" guide adds a step policy
+    run by an alarm on NoCapacityInvocationFailures: a request that found no copy.
+    Returns the target policy's ARN.
+    """
+    if not 0 <= min_copies <= max_copies or max_copies < 1:
+        raise DeployError(f"copy autoscaling needs 0 <= minimum copies <= --max-copies and --max-copies >= 1, got {min_copies}..{max_copies}")
+    target = component_target(component_name)
+    arn = _track(aws, target, min_copies, max_copies, f"{component_name}-invocations-per-copy", {
+        "TargetValue": float(invocations_per_copy),
+        "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerInferenceComponentInvocationsPerCopy"},
+    })
+    if min_copies == 0:
+        _wake_from_zero(aws, target, no_capacity_alarm_name(component_name), _FROM_NO_COPY_STEP)
+    say(
+        f"autoscaling {target.resource_id}: {min_copies}..{max_copies} copies at {invocations_per_copy:g} invocations/copy/minute"
+        + (" (scales to zero when idle; the first request after that fails while a copy starts)" if min_copies == 0 else "")
+    )
+    return arn
+
+
+# AWS's scale-to-zero guide: one copy at once, on the alarm's highest datapoint.
+_FROM_NO_COPY_STEP = {
+    "AdjustmentType": "ChangeInCapacity",
+    "MetricAggregationType": "Maximum",
+    "Cooldown": 60,
+    "StepAdjustments": [{"MetricIntervalLowerBound": 0.0, "ScalingAdjustment": 1}],
+}
 _FROM_ZERO_STEP = {
     "AdjustmentType": "ChangeInCapacity",
     "MetricAggregationType": "Average",
@@ -107,23 +148,44 @@ def _wake_from_zero(aws: Aws, target: Target, name: str, step: dict) -> None:
     put_wake_alarm(aws, target.resource_id, name, arn)
 
 
+def wake_alarm_name(resource_id: str) -> str:
+    """The name of the alarm (and of its step policy) this tool puts on a target that may reach zero."""
+    kind, name = resource_id.split("/")[:2]
+    return no_capacity_alarm_name(name) if kind == "inference-component" else backlog_alarm_name(name)
+
+
 def put_wake_alarm(aws: Aws, resource_id: str, name: str, step_policy_arn: str) -> None:
     """The alarm that wakes a target scaled to zero when requests find no capacity."""
-    endpoint_name = resource_id.split("/")[1]
+    kind, resource = resource_id.split("/")[:2]
+    if kind == "inference-component":
+        metric = {
+            "AlarmDescription": f"requests found no copy of inference component {resource}",
+            "MetricName": "NoCapacityInvocationFailures",
+            "Dimensions": [{"Name": "InferenceComponentName", "Value": resource}],
+            "Statistic": "Sum",
+            "EvaluationPeriods": 1,
+            "DatapointsToAlarm": 1,
+        }
+    else:
+        metric = {
+            "AlarmDescription": f"requests wait for {resource}, which has no instance",
+            "MetricName": "HasBacklogWithoutCapacity",
+            "Dimensions": [{"Name": "EndpointName", "Value": resource}],
+            "Statistic": "Average",
+            "EvaluationPeriods": 2,
+            "DatapointsToAlarm": 2,
+            "TreatMissingData": "missing",
+        }
     aws.client("cloudwatch").put_metric_alarm(
         AlarmName=name,
-        AlarmDescription=f"requests wait for {endpoint_name}, which has no instance",
-        MetricName="HasBacklogWithoutCapacity",
         Namespace="AWS/SageMaker",
-        Dimensions=[{"Name": "EndpointName", "Value": endpoint_name}],
-        Statistic="Average",
         Period=60,
-        EvaluationPeriods=2,
-        DatapointsToAlarm=2,
         Threshold=1.0,
+        # At least one: AWS's guide writes GreaterThanThreshold 1 for the component's
+        # alarm, which waits for a second failed request within the minute.
         ComparisonOperator="GreaterThanOrEqualToThreshold",
-        TreatMissingData="missing",
         AlarmActions=[step_policy_arn],
+        **metric,
     )
 
 
@@ -165,7 +227,7 @@ def restore(aws: Aws, described: dict, policies: list[dict]) -> None:
         for policy in policies:
             config = {name: policy[name] for name in _POLICY_CONFIGS if name in policy}
             arn = scaling.put_scaling_policy(**target.key(), PolicyName=policy["PolicyName"], PolicyType=policy["PolicyType"], **config)["PolicyARN"]
-            if policy["PolicyName"] == backlog_alarm_name(target.resource_id.split("/")[1]):
+            if policy["PolicyName"] == wake_alarm_name(target.resource_id):
                 # The alarm must act on the policy as it is now.
                 put_wake_alarm(aws, target.resource_id, policy["PolicyName"], arn)
     except ClientError as error:

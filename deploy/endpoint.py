@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from deploy import autoscaling
 from deploy.aws import Aws, DeployError, describe, say, wait_until
+from deploy.model import check_metrics_interval
 
 # The default image's torch (2.13.0 from PyPI) is the CUDA 13.0 build, which needs
 # NVIDIA driver >= 580. This AMI carries driver 580 / CUDA 13.0, so it runs that image,
@@ -35,7 +36,7 @@ def valid_ami_versions(aws: Aws) -> list[str]:
 
 @dataclass(frozen=True)
 class Variant:
-    model_name: str
+    model_name: str | None  # None: the variant hosts inference components, which name their models
     instance_type: str | None  # None: serverless
     instance_count: int = 1
     variant_name: str = "AllTraffic"
@@ -45,13 +46,17 @@ class Variant:
     volume_gb: int | None = None
     serverless_memory_mb: int | None = None  # ServerlessConfig instead of instances
     serverless_max_concurrency: int | None = None
+    managed_instances: tuple[int, int] | None = None  # ManagedInstanceScaling (min, max), for inference components
+    routing: str | None = None  # RoutingConfig.RoutingStrategy
 
     @property
     def serverless(self) -> bool:
         return self.serverless_memory_mb is not None
 
     def production_variant(self) -> dict:
-        variant = {"VariantName": self.variant_name, "ModelName": self.model_name}
+        variant = {"VariantName": self.variant_name}
+        if self.model_name:
+            variant["ModelName"] = self.model_name
         if self.serverless:
             variant["ServerlessConfig"] = {"MemorySizeInMB": self.serverless_memory_mb, "MaxConcurrency": self.serverless_max_concurrency}
         else:
@@ -65,6 +70,11 @@ class Variant:
             variant["VolumeSizeInGB"] = self.volume_gb
         if self.ami_version:
             variant["InferenceAmiVersion"] = self.ami_version
+        if self.managed_instances:
+            low, high = self.managed_instances
+            variant["ManagedInstanceScaling"] = {"Status": "ENABLED", "MinInstanceCount": low, "MaxInstanceCount": high}
+        if self.routing:
+            variant["RoutingConfig"] = {"RoutingStrategy": self.routing}
         return variant
 
 
@@ -137,29 +147,61 @@ def choose_ami(aws: Aws, instance_type: str, requested: str | None) -> str | Non
     return version
 
 
-def config_name(endpoint_name: str, variant: Variant, async_config: AsyncConfig | None = None) -> str:
-    content = variant.production_variant()
-    if async_config is not None:  # real-time configs keep the names they always had
-        content = {"ProductionVariants": [content], "AsyncInferenceConfig": async_config.request()}
-    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{endpoint_name[:52]}-{digest}"  # 63 characters at most
+def metrics_config(detailed: bool | None, interval: int | None) -> dict | None:
+    """MetricsConfig; None keeps SageMaker's defaults (detailed observability on for new configs, 60 s)."""
+    if interval is not None:
+        check_metrics_interval(interval)
+    config = {} if detailed is None else {"EnableDetailedObservability": detailed}
+    if interval is not None:
+        config["MetricPublishFrequencyInSeconds"] = interval
+    return config or None
 
 
-def ensure_endpoint_config(aws: Aws, endpoint_name: str, variant: Variant, async_config: AsyncConfig | None = None) -> str:
-    name = config_name(endpoint_name, variant, async_config)
+@dataclass(frozen=True)
+class EndpointConfig:
+    """An endpoint config's content: the variant, and what applies to the whole endpoint."""
+
+    variant: Variant
+    async_config: AsyncConfig | None = None
+    metrics: dict | None = None  # MetricsConfig
+    execution_role: str | None = None  # ExecutionRoleArn: an endpoint of inference components needs one
+
+    def request(self) -> dict:
+        request = {"ProductionVariants": [self.variant.production_variant()]}
+        if self.async_config is not None:
+            request["AsyncInferenceConfig"] = self.async_config.request()
+        if self.metrics:
+            request["MetricsConfig"] = self.metrics
+        if self.execution_role:
+            request["ExecutionRoleArn"] = self.execution_role
+        return request
+
+    def name(self, endpoint_name: str) -> str:
+        content = self.request()
+        if len(content) == 1:  # a variant alone: real-time configs keep the names they always had
+            content = content["ProductionVariants"][0]
+        digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:10]
+        return f"{endpoint_name[:52]}-{digest}"  # 63 characters at most
+
+
+def ensure_endpoint_config(aws: Aws, endpoint_name: str, config: EndpointConfig) -> str:
+    name = config.name(endpoint_name)
     sagemaker = aws.client("sagemaker")
     if describe(sagemaker.describe_endpoint_config, EndpointConfigName=name) is None:
-        model = describe(sagemaker.describe_model, ModelName=variant.model_name)
-        if model is None:
-            raise DeployError(f"model {variant.model_name} does not exist; run create-model first")
-        if variant.serverless:
-            check_serverless_model(model)
+        variant = config.variant
+        if variant.model_name:
+            check_model_exists(aws, variant.model_name, serverless=variant.serverless)
         say(f"creating endpoint config {name}")
-        request = {"EndpointConfigName": name, "ProductionVariants": [variant.production_variant()]}
-        if async_config is not None:
-            request["AsyncInferenceConfig"] = async_config.request()
-        sagemaker.create_endpoint_config(**request)
+        sagemaker.create_endpoint_config(EndpointConfigName=name, **config.request())
     return name
+
+
+def check_model_exists(aws: Aws, model_name: str, serverless: bool = False) -> None:
+    model = describe(aws.client("sagemaker").describe_model, ModelName=model_name)
+    if model is None:
+        raise DeployError(f"model {model_name} does not exist; run create-model first")
+    if serverless:
+        check_serverless_model(model)
 
 
 def check_serverless_model(model: dict) -> None:
@@ -171,7 +213,7 @@ def check_serverless_model(model: dict) -> None:
         raise DeployError(f"model {name} runs in a VPC (VpcConfig), which serverless endpoints cannot; use an instance-based endpoint or a model without --subnets")
 
 
-def create_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict, async_config: AsyncConfig | None = None) -> dict:
+def create_endpoint(aws: Aws, endpoint_name: str, config: EndpointConfig, wait: dict) -> dict:
     sagemaker = aws.client("sagemaker")
     existing = describe(sagemaker.describe_endpoint, EndpointName=endpoint_name)
     if existing is not None and existing["EndpointStatus"] == "Failed":
@@ -182,7 +224,7 @@ def create_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict, 
             f"endpoint {endpoint_name} is Failed ({reason}); delete it with "
             f"`python -m deploy teardown --endpoint-name {endpoint_name} --keep-models`, then run create-endpoint again"
         )
-    wanted = ensure_endpoint_config(aws, endpoint_name, variant, async_config)
+    wanted = ensure_endpoint_config(aws, endpoint_name, config)
     if existing is None:
         say(f"creating endpoint {endpoint_name}")
         sagemaker.create_endpoint(EndpointName=endpoint_name, EndpointConfigName=wanted)
@@ -196,10 +238,8 @@ def create_endpoint(aws: Aws, endpoint_name: str, variant: Variant, wait: dict, 
     return wait_in_service(aws, endpoint_name, **wait)
 
 
-def update_endpoint(
-    aws: Aws, endpoint_name: str, variant: Variant, wait: dict, autoscale_after: bool = False, async_config: AsyncConfig | None = None
-) -> dict:
-    """Switch the endpoint to the config for `variant`, keeping its autoscaling.
+def update_endpoint(aws: Aws, endpoint_name: str, config: EndpointConfig, wait: dict, autoscale_after: bool = False) -> dict:
+    """Switch the endpoint to `config`, keeping its autoscaling.
 
     AWS refuses an UpdateEndpoint that changes the instance type of an autoscaled
     variant or removes one; only then is the scaling target deregistered first, and
@@ -211,7 +251,8 @@ def update_endpoint(
     existing = describe(sagemaker.describe_endpoint, EndpointName=endpoint_name)
     if existing is None:
         raise DeployError(f"endpoint {endpoint_name} does not exist; use create-endpoint")
-    wanted = ensure_endpoint_config(aws, endpoint_name, variant, async_config)
+    variant = config.variant
+    wanted = ensure_endpoint_config(aws, endpoint_name, config)
     if existing["EndpointConfigName"] == wanted:
         say(f"endpoint {endpoint_name} already uses {wanted}")
         return wait_in_service(aws, endpoint_name, **wait)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from botocore.exceptions import ClientError
 
 from deploy import codec
-from deploy.aws import Aws, DeployError, error_code, say
+from deploy.aws import Aws, DeployError, say
+from deploy.package import default_bucket, ensure_bucket, head, upload_with_progress
 
 _BY_SUFFIX = {".json": codec.JSON, ".csv": codec.CSV, ".jsonl": codec.JSONLINES, ".npy": codec.NPY}
 
@@ -52,20 +52,67 @@ def request_body(args_input: str | None, args_array: str | None, content_type: s
         raise DeployError(str(error)) from None
 
 
-def invoke(aws: Aws, endpoint_name: str, body: bytes, content_type: str, accept: str | None) -> tuple[bytes, str]:
-    params = {"EndpointName": endpoint_name, "Body": body, "ContentType": content_type}
+_SESSION_ID = re.compile(r"^(NEW_SESSION|[a-zA-Z0-9](-*[a-zA-Z0-9])*)$")
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where in the endpoint a request goes, and what travels with it to the container.
+
+    custom_attributes reaches the container as X-Amzn-SageMaker-Custom-Attributes (the
+    hooks' context); target_model picks a model of a multi-model endpoint;
+    inference_component a component of an endpoint that hosts them; session_id opens
+    (NEW_SESSION) or continues a stateful session.
+    """
+
+    custom_attributes: str | None = None
+    inference_id: str | None = None
+    target_model: str | None = None
+    inference_component: str | None = None
+    session_id: str | None = None
+
+    def params(self, streaming: bool = False) -> dict:
+        if self.target_model is not None and self.inference_component is not None:
+            raise DeployError("--target-model picks a model of a multi-model endpoint and --inference-component a component; an endpoint has one or the other")
+        if streaming and self.target_model is not None:
+            raise DeployError("InvokeEndpointWithResponseStream takes no --target-model (multi-model endpoints do not stream): drop --stream or --target-model")
+        if self.custom_attributes is not None and (len(self.custom_attributes) > 1024 or not self.custom_attributes.isascii()):
+            raise DeployError("--custom-attributes takes at most 1024 ASCII characters")
+        if self.target_model is not None and not 1 <= len(self.target_model) <= 1024:
+            raise DeployError("--target-model takes 1..1024 characters (the archive's key under the model's prefix, e.g. digits.tar.gz)")
+        if self.session_id is not None and (len(self.session_id) > 256 or not _SESSION_ID.match(self.session_id)):
+            raise DeployError(f"--session-id takes NEW_SESSION or a session ID the endpoint gave (letters, digits, hyphens), got {self.session_id!r}")
+        pairs = (("CustomAttributes", self.custom_attributes), ("InferenceId", self.inference_id), ("TargetModel", self.target_model),
+                 ("InferenceComponentName", self.inference_component), ("SessionId", self.session_id))
+        return {key: value for key, value in pairs if value is not None}
+
+
+def _request(endpoint_name: str, body: bytes, content_type: str, accept: str | None, routing: Routing, streaming: bool) -> dict:
+    params = {"EndpointName": endpoint_name, "Body": body, "ContentType": content_type, **routing.params(streaming)}
     if accept:
         params["Accept"] = accept
+    return params
+
+
+def _say_response_headers(response: dict) -> None:
+    """What the container or SageMaker said beside the body: on stderr, so stdout stays the body."""
+    for key in ("CustomAttributes", "NewSessionId", "ClosedSessionId"):
+        if response.get(key):
+            say(f"{key}: {response[key]}")
+
+
+def invoke(aws: Aws, endpoint_name: str, body: bytes, content_type: str, accept: str | None, routing: Routing = Routing()) -> tuple[bytes, str]:
+    params = _request(endpoint_name, body, content_type, accept, routing, streaming=False)
     response = aws.client("sagemaker-runtime").invoke_endpoint(**params)
+    _say_response_headers(response)
     return response["Body"].read(), response.get("ContentType", "application/octet-stream")
 
 
-def invoke_stream(aws: Aws, endpoint_name: str, body: bytes, content_type: str, accept: str | None):
+def invoke_stream(aws: Aws, endpoint_name: str, body: bytes, content_type: str, accept: str | None, routing: Routing = Routing()):
     """InvokeEndpointWithResponseStream: (the event stream, the response's Content-Type)."""
-    params = {"EndpointName": endpoint_name, "Body": body, "ContentType": content_type}
-    if accept:
-        params["Accept"] = accept
+    params = _request(endpoint_name, body, content_type, accept, routing, streaming=True)
     response = aws.client("sagemaker-runtime").invoke_endpoint_with_response_stream(**params)
+    _say_response_headers(response)
     return response["Body"], response.get("ContentType", "application/octet-stream")
 
 
@@ -122,7 +169,7 @@ def _input_location(aws: Aws, request: AsyncRequest) -> tuple[str, str]:
         content_type = request.content_type or _BY_SUFFIX.get(Path(found[2]).suffix)
         if not content_type:
             raise DeployError(f"cannot tell the content type of {request.input}; pass --content-type")
-        if _head(s3, found[1], found[2]) is None:
+        if head(s3, found[1], found[2]) is None:
             raise DeployError(f"--input {request.input} does not exist")
         return request.input, content_type
     if request.input.startswith("s3://"):
@@ -133,14 +180,12 @@ def _input_location(aws: Aws, request: AsyncRequest) -> tuple[str, str]:
     content_type = request.content_type or _BY_SUFFIX.get(path.suffix)
     if not content_type:
         raise DeployError(f"cannot tell the content type of {path.name}; pass --content-type")
-    from deploy.package import default_bucket, ensure_bucket, upload_with_progress
-
     bucket = request.bucket or default_bucket(aws)
     ensure_bucket(aws, bucket, request.create_bucket)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     # Named by content: sending the same file twice uploads it once.
     key = "/".join(part for part in (request.prefix.strip("/"), digest[:16], path.name) if part)
-    if _head(s3, bucket, key) is None:
+    if head(s3, bucket, key) is None:
         upload_with_progress(s3, path, bucket, key, {"ContentType": content_type})
     return f"s3://{bucket}/{key}", content_type
 
@@ -154,15 +199,15 @@ def _wait_for_result(aws: Aws, output: str, failure: str | None, accept: str | N
             found = _S3_URI.match(location or "")
             if not found:
                 continue
-            head = _head(s3, found[1], found[2])
-            if head is None:
+            stored = head(s3, found[1], found[2])
+            if stored is None:
                 continue
             body = s3.get_object(Bucket=found[1], Key=found[2])["Body"].read()
             if failed:
                 text = " ".join(body.decode("utf-8", "replace").split())
                 raise DeployError(f"the asynchronous inference failed: {text[:500] or 'empty failure object'} ({location})")
-            stored = head.get("ContentType") or ""
-            return render(body, stored if stored not in _UNTYPED else (accept or stored or "application/octet-stream"))
+            stored_type = stored.get("ContentType") or ""
+            return render(body, stored_type if stored_type not in _UNTYPED else (accept or stored_type or "application/octet-stream"))
         elapsed = time.monotonic() - started
         if elapsed + poll_seconds > max_wait_seconds:
             raise DeployError(f"no result at {output} after {elapsed:.0f}s; look later, or raise --max-wait")
@@ -170,15 +215,6 @@ def _wait_for_result(aws: Aws, output: str, failure: str | None, accept: str | N
             say(f"waiting for {output} ({elapsed:.0f}s)")
             said = elapsed
         time.sleep(poll_seconds)
-
-
-def _head(s3, bucket: str, key: str) -> dict | None:
-    try:
-        return s3.head_object(Bucket=bucket, Key=key)
-    except ClientError as error:
-        if error_code(error) in ("404", "NoSuchKey", "NotFound"):
-            return None
-        raise
 
 
 def render(body: bytes, content_type: str) -> str:

@@ -87,16 +87,99 @@ def check_manifest_type(image: str, detail: dict) -> None:
         )
 
 
-def check_model_data(aws: Aws, url: str) -> None:
-    match = re.match(r"^s3://([^/]+)/(.+)$", url)
-    if not match:
-        raise DeployError(f"--model-data must be an s3://bucket/key URL, got {url!r}")
+_S3_URL = re.compile(r"^s3://([^/]+)/(.*)$")
+# MetricPublishFrequencyInSeconds' documented values (botocore's model types it only as an integer).
+METRIC_INTERVALS = (10, 30, 60, 120, 180, 240, 300)
+# MetricsEndpointPath's pattern in botocore's model, anchored.
+_METRICS_PATH = re.compile(r"^/(?!.*\.\.)[a-zA-Z0-9/_.\-]{1,255}$")
+
+
+@dataclass(frozen=True)
+class ModelData:
+    """Where the model's files are in S3, and how SageMaker puts them in /opt/ml/model.
+
+    Default: one model.tar.gz, unpacked there. uncompressed: every object under an S3
+    prefix, copied as it is (nothing to unpack: large models start sooner).
+    multi_model: a prefix of <name>.tar.gz archives that SageMaker copies to the
+    instance when a request names one (TargetModel), and unloads when short of room.
+    """
+
+    url: str | None = None
+    multi_model: bool = False
+    uncompressed: bool = False
+
+    def check(self) -> None:
+        url = self.url
+        if self.multi_model and self.uncompressed:
+            raise DeployError("--multi-model and --uncompressed exclude each other: a multi-model endpoint loads <name>.tar.gz archives")
+        flag = "--multi-model" if self.multi_model else "--uncompressed" if self.uncompressed else None
+        if flag and not url:
+            raise DeployError(f"{flag} needs --model-data s3://BUCKET/PREFIX/ (the prefix its files are under)")
+        if url is None:
+            return
+        if not _S3_URL.match(url):
+            raise DeployError(f"--model-data must be an s3://bucket/key URL, got {url!r}")
+        if flag and not url.endswith("/"):
+            raise DeployError(f"{flag} takes an S3 prefix ending in /, got {url!r}")
+        if not flag and url.endswith("/"):
+            raise DeployError(
+                f"--model-data {url} is a prefix: add --uncompressed (a model's files as they are) or --multi-model "
+                f"(a prefix of <name>.tar.gz archives), or give the model.tar.gz URL"
+            )
+
+    def container(self) -> dict:
+        """The PrimaryContainer's part that says where the model is."""
+        if self.uncompressed:
+            return {"ModelDataSource": {"S3DataSource": {"S3Uri": self.url, "S3DataType": "S3Prefix", "CompressionType": "None"}}}
+        container = {"ModelDataUrl": self.url} if self.url else {}
+        if self.multi_model:
+            container["Mode"] = "MultiModel"
+        return container
+
+
+def check_model_data(aws: Aws, data: ModelData) -> None:
+    """Refuse model data that is not there; a multi-model prefix may still be empty."""
+    bucket, key = _S3_URL.match(data.url).groups()
+    s3 = aws.client("s3")
     try:
-        aws.client("s3").head_object(Bucket=match[1], Key=match[2])
+        if not data.url.endswith("/"):
+            s3.head_object(Bucket=bucket, Key=key)
+            return
+        if s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("KeyCount", 0):
+            return
     except ClientError as error:
         if error_code(error) in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):
-            raise DeployError(f"model data {url} does not exist; run `python -m deploy package` first") from None
-        say(f"note: could not check {url} ({error_code(error)}); SageMaker will")
+            raise DeployError(f"model data {data.url} does not exist; run `python -m deploy package` first") from None
+        say(f"note: could not check {data.url} ({error_code(error)}); SageMaker will")
+        return
+    if data.multi_model:
+        # Models may be added under the prefix at any time; the endpoint loads them on request.
+        say(f"note: {data.url} holds no models yet; add <name>.tar.gz archives (package --multi-model) before invoking")
+        return
+    raise DeployError(f"model data {data.url} holds no files; run `python -m deploy package --uncompressed DIR` first")
+
+
+def container_metrics(path: str | None, interval: int | None) -> dict | None:
+    """ContainerMetricsConfig: where detailed observability scrapes the container.
+
+    None leaves SageMaker's default: /metrics on port 8080 every 60 s, which this
+    image serves.
+    """
+    if path is None and interval is None:
+        return None
+    path = path or "/metrics"
+    if not _METRICS_PATH.match(path):
+        raise DeployError(f"--metrics-path must be a path such as /metrics (letters, digits, / _ . -), got {path!r}")
+    endpoint = {"MetricsEndpointPath": path}
+    if interval is not None:
+        check_metrics_interval(interval)
+        endpoint["MetricPublishFrequencyInSeconds"] = interval
+    return {"MetricsEndpoints": [endpoint]}
+
+
+def check_metrics_interval(seconds: int) -> None:
+    if seconds not in METRIC_INTERVALS:
+        raise DeployError(f"--metrics-interval must be one of {', '.join(map(str, METRIC_INTERVALS))} (seconds), got {seconds}")
 
 
 @dataclass(frozen=True)
@@ -150,9 +233,17 @@ class ImageSource:
 
 
 def create_model(
-    aws: Aws, name: str, image: str, model_data: str | None, role_arn: str | None, env: dict[str, str], source: ImageSource = ImageSource()
+    aws: Aws,
+    name: str,
+    image: str,
+    data: ModelData,
+    role_arn: str | None,
+    env: dict[str, str],
+    source: ImageSource = ImageSource(),
+    metrics: dict | None = None,
 ) -> str:
     source.check(image)  # argument errors first: nothing is asked of AWS, nothing created
+    data.check()
     role_arn = check_role(aws, role_arn)
     if source.repository_access == "Vpc":
         # Taken as it is: ECR cannot resolve a digest for another registry, and SageMaker
@@ -160,26 +251,22 @@ def create_model(
         say(f"note: image {image} is pulled by SageMaker from your VPC; this tool cannot check it")
     else:
         image = resolve_image(aws, image)
-    if model_data:
-        check_model_data(aws, model_data)
-    container = {"Image": image, "Environment": env}
-    if model_data:
-        container["ModelDataUrl"] = model_data
+    if data.url:
+        check_model_data(aws, data)
+    container = {"Image": image, "Environment": env, **data.container()}
     if source.image_config():
         container["ImageConfig"] = source.image_config()
+    if metrics:
+        container["ContainerMetricsConfig"] = metrics
     request = {"ModelName": name, "ExecutionRoleArn": role_arn, "PrimaryContainer": container}
     if source.vpc_config():
         request["VpcConfig"] = source.vpc_config()
     sagemaker = aws.client("sagemaker")
     existing = describe(sagemaker.describe_model, ModelName=name)
     if existing is not None:
-        have = existing.get("PrimaryContainer", {})
         same = (
-            have.get("Image") == image
-            and have.get("ModelDataUrl") == container.get("ModelDataUrl")
-            and (have.get("Environment") or {}) == env
+            _comparable(existing.get("PrimaryContainer", {})) == _comparable(container)
             and existing.get("ExecutionRoleArn") == role_arn
-            and (have.get("ImageConfig") or None) == container.get("ImageConfig")
             and _same_vpc(existing.get("VpcConfig"), request.get("VpcConfig"))
         )
         if not same:
@@ -190,6 +277,20 @@ def create_model(
         say(f"model {name} exists with these settings")
         return existing["ModelArn"]
     return sagemaker.create_model(**request)["ModelArn"]
+
+
+def _comparable(container: dict) -> tuple:
+    """What create-model sets in a container, as SageMaker describes it back (defaults filled in)."""
+    source = (container.get("ModelDataSource") or {}).get("S3DataSource") or {}
+    return (
+        container.get("Image"),
+        container.get("ModelDataUrl"),
+        {key: source.get(key) for key in ("S3Uri", "S3DataType", "CompressionType")} if source else None,
+        container.get("Mode") or "SingleModel",
+        container.get("Environment") or {},
+        container.get("ImageConfig") or None,
+        container.get("ContainerMetricsConfig") or None,
+    )
 
 
 def _same_vpc(have: dict | None, want: dict | None) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from deploy import autoscaling
+from deploy import autoscaling, components
 from deploy.aws import Aws, delete, describe, wait_until
 
 
@@ -16,7 +16,8 @@ def teardown(
     max_wait_seconds: float = 1800,
     keep_models: bool = False,
 ) -> list[str]:
-    """Delete the endpoint, its configs and models; what is already gone is skipped.
+    """Delete the endpoint's inference components, the endpoint, its configs and models;
+    what is already gone is skipped.
 
     Configs and models that another endpoint uses now are kept: deleting them would
     leave that endpoint unable to scale or update. Returns one line per resource.
@@ -24,8 +25,12 @@ def teardown(
     sagemaker = aws.client("sagemaker")
     report: list[str] = []
     models = list(model_names)
-    used_configs, used_models = _used_by_other_endpoints(sagemaker, endpoint_name)
+    used_configs, used_models = _used_by_other_endpoints(aws, endpoint_name)
     if endpoint_name:
+        # SageMaker refuses to delete an endpoint that still hosts components.
+        for name in _remove_components(aws, endpoint_name, poll_seconds, max_wait_seconds, report):
+            if not model_names and not keep_models and name not in models:
+                models.append(name)
         existing = describe(sagemaker.describe_endpoint, EndpointName=endpoint_name)
         configs = _endpoint_configs(sagemaker, endpoint_name, existing, used_configs, report)
         variants = [v["VariantName"] for v in (existing or {}).get("ProductionVariants", [])]
@@ -76,6 +81,25 @@ def _endpoint_configs(sagemaker, endpoint_name: str, existing: dict | None, used
     return configs
 
 
+def _remove_components(aws: Aws, endpoint_name: str, poll_seconds: float, max_wait_seconds: float, report: list[str]) -> list[str]:
+    """Delete each component with its copy scaling and wake alarm; returns their models' names."""
+    models = []
+    for summary in components.on_endpoint(aws, endpoint_name):
+        name = summary["InferenceComponentName"]
+        described = describe(aws.client("sagemaker").describe_inference_component, InferenceComponentName=name)
+        model = ((described or {}).get("Specification") or {}).get("ModelName")
+        target = autoscaling.component_target(name)
+        if autoscaling.scalable_targets(aws, [target.resource_id], target.dimension):
+            autoscaling.deregister(aws, target)
+            report.append(f"autoscaling of inference component {name}: deregistered")
+        _delete_alarm(aws, autoscaling.no_capacity_alarm_name(name), report)
+        gone = not components.remove(aws, name, poll_seconds, max_wait_seconds)
+        report.append(f"inference component {name}: {'already gone' if gone else 'deleted'}")
+        if model:
+            models.append(model)
+    return models
+
+
 def _remove_scaling(aws: Aws, endpoint_name: str, variants: list[str], report: list[str]) -> None:
     ids = [autoscaling.variant_target(endpoint_name, name).resource_id for name in variants]
     targets = autoscaling.scalable_targets(aws, ids) if ids else []
@@ -94,8 +118,10 @@ def _delete_alarm(aws: Aws, name: str, report: list[str]) -> None:
         report.append(f"alarm {name}: deleted")
 
 
-def _used_by_other_endpoints(sagemaker, endpoint_name: str | None) -> tuple[dict[str, str], dict[str, str]]:
-    """{config name: endpoint} and {model name: endpoint} for every endpoint but this one."""
+def _used_by_other_endpoints(aws: Aws, endpoint_name: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """{config name: endpoint} and {model name: endpoint} for every endpoint but this one,
+    its variants' models and its inference components' models."""
+    sagemaker = aws.client("sagemaker")
     configs: dict[str, str] = {}
     models: dict[str, str] = {}
     for page in sagemaker.get_paginator("list_endpoints").paginate():
@@ -111,5 +137,11 @@ def _used_by_other_endpoints(sagemaker, endpoint_name: str | None) -> tuple[dict
             for variant in (config or {}).get("ProductionVariants", []):
                 if variant.get("ModelName"):
                     models.setdefault(variant["ModelName"], other)
+    for summary in components.on_endpoint(aws):
+        if summary["EndpointName"] != endpoint_name:
+            described = describe(sagemaker.describe_inference_component, InferenceComponentName=summary["InferenceComponentName"])
+            model = ((described or {}).get("Specification") or {}).get("ModelName")
+            if model:
+                models.setdefault(model, summary["EndpointName"])
     return configs, models
 

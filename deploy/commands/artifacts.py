@@ -30,7 +30,16 @@ def cmd_push(aws, args, runner):
 def cmd_package(aws, args, runner):
     from deploy import package
 
-    yield package.package(aws, args.model_dir, args.bucket, args.prefix, args.create_bucket)
+    if args.multi_model and args.uncompressed:
+        raise DeployError("--multi-model and --uncompressed exclude each other: a multi-model endpoint loads <name>.tar.gz archives")
+    if len(args.model_dir) > 1 and not args.multi_model:
+        raise DeployError("package takes one model directory; several go under one prefix with --multi-model")
+    if args.multi_model:
+        yield package.package_multi_model(aws, args.model_dir, args.bucket, args.prefix or "multi-model", args.create_bucket)
+    elif args.uncompressed:
+        yield package.package_uncompressed(aws, args.model_dir[0], args.bucket, args.prefix or "models", args.create_bucket)
+    else:
+        yield package.package(aws, args.model_dir[0], args.bucket, args.prefix or "models", args.create_bucket)
 
 
 def cmd_create_model(aws, args, runner):
@@ -45,6 +54,9 @@ def cmd_create_model(aws, args, runner):
         env["SAGEMAKER_MODEL_SERVER_TIMEOUT"] = str(args.server_timeout)
     if args.default_accept:
         env["SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"] = args.default_accept
+    if args.multi_model:
+        # The image serves one model or many; this is what switches on its /models API.
+        env["SAGEMAKER_MULTI_MODEL"] = "true"
     env.update(model.parse_env(args.env))  # explicit --env wins over the shorthands
     source = model.ImageSource(
         repository_access="Vpc" if args.registry == "vpc" else "Platform",
@@ -52,8 +64,9 @@ def cmd_create_model(aws, args, runner):
         subnets=tuple(items(args.subnets)),
         security_groups=tuple(items(args.security_groups)),
     )
-    yield model.create_model(aws, args.model_name, args.image, args.model_data, args.role, env, source)
-
+    data = model.ModelData(url=args.model_data, multi_model=args.multi_model, uncompressed=args.uncompressed)
+    metrics = model.container_metrics(args.metrics_path, args.metrics_interval)
+    yield model.create_model(aws, args.model_name, args.image, data, args.role, env, source, metrics)
 
 
 def add(sub, common, waiting) -> None:
@@ -80,16 +93,29 @@ def add(sub, common, waiting) -> None:
     p.set_defaults(handler=cmd_push, needs_aws=lambda args: not args.registry)
 
     p = sub.add_parser("package", parents=[common], help="model directory -> model.tar.gz in S3; prints the s3:// URI")
-    p.add_argument("model_dir", help="directory whose files SageMaker should find in /opt/ml/model")
+    p.add_argument("model_dir", nargs="+", help="directory whose files SageMaker should find in /opt/ml/model (several with --multi-model)")
     p.add_argument("--bucket", help="S3 bucket (default: sagemaker-REGION-ACCOUNT, as the SageMaker SDK uses)")
-    p.add_argument("--prefix", default="models", help="key prefix (default: models)")
+    p.add_argument("--prefix", help="key prefix (default: models; multi-model for --multi-model)")
+    p.add_argument("--multi-model", action="store_true",
+                   help="each directory as <its name>.tar.gz under PREFIX/, for create-model --multi-model; prints the prefix")
+    p.add_argument("--uncompressed", action="store_true",
+                   help="the directory's files as they are under PREFIX/<hash>/, for create-model --uncompressed; prints the prefix")
     p.add_argument("--create-bucket", action="store_true", help="create the bucket if it is missing")
     p.set_defaults(handler=cmd_package)
 
     p = sub.add_parser("create-model", parents=[common], help="a SageMaker model: image + model data + role + environment")
     p.add_argument("--model-name", required=True)
     p.add_argument("--image", required=True, help="image URI; an ECR tag is resolved to its digest")
-    p.add_argument("--model-data", help="s3:// URI of model.tar.gz (from `package`)")
+    p.add_argument("--model-data", help="s3:// URI of model.tar.gz (from `package`), or with --multi-model / --uncompressed an s3://BUCKET/PREFIX/")
+    p.add_argument("--multi-model", action="store_true",
+                   help="Mode MultiModel: --model-data is a prefix of <name>.tar.gz archives, picked per request by invoke --target-model; "
+                   "sets SAGEMAKER_MULTI_MODEL=true")
+    p.add_argument("--uncompressed", action="store_true",
+                   help="ModelDataSource S3Prefix, CompressionType None: --model-data's files are copied to /opt/ml/model as they are (nothing to unpack)")
+    p.add_argument("--metrics-path", metavar="PATH",
+                   help="ContainerMetricsConfig: where detailed observability scrapes Prometheus metrics (SageMaker's default /metrics on 8080, which this image serves)")
+    p.add_argument("--metrics-interval", type=int, metavar="SECONDS",
+                   help="the container metrics' MetricPublishFrequencyInSeconds: 10, 30, 60, 120, 180, 240 or 300 (SageMaker's default 60)")
     p.add_argument("--role", default=os.environ.get("SAGEMAKER_ROLE_ARN") or None, help="execution role ARN (default: SAGEMAKER_ROLE_ARN)")
     p.add_argument("--batch", action="store_true", help="SAGEMAKER_BATCH=true: batch-transform limits (transform sets this itself)")
     p.add_argument("--workers", type=positive, help="SAGEMAKER_MODEL_SERVER_WORKERS")

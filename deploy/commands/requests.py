@@ -7,12 +7,19 @@ from deploy.aws import DeployError
 from deploy.commands import from_args, positive
 
 
+_ROUTING_FLAGS = {"CustomAttributes": "--custom-attributes", "InferenceId": "--inference-id", "TargetModel": "--target-model",
+                  "InferenceComponentName": "--inference-component", "SessionId": "--session-id"}
+
+
 def cmd_invoke(aws, args, runner):
     from deploy import invoke, stream
 
     if args.stream and args.bidirectional:
         raise DeployError("--stream and --bidirectional are different APIs: pick one")
+    routing = from_args(invoke.Routing, args)
     if args.bidirectional:
+        for flag, value in routing.params().items():
+            raise DeployError(f"--bidirectional takes no {_ROUTING_FLAGS[flag]} (InvokeEndpointWithBidirectionalStream has no {flag})")
         from deploy import bidirectional
 
         if not args.input:
@@ -21,10 +28,10 @@ def cmd_invoke(aws, args, runner):
         return
     body, content_type = invoke.request_body(args.input, args.array, args.content_type, args.input_name, args.dtype)
     if args.stream:
-        events, response_type = invoke.invoke_stream(aws, args.endpoint_name, body, content_type, args.accept)
+        events, response_type = invoke.invoke_stream(aws, args.endpoint_name, body, content_type, args.accept, routing)
         yield from stream.printable(events, response_type)
         return
-    response, response_type = invoke.invoke(aws, args.endpoint_name, body, content_type, args.accept)
+    response, response_type = invoke.invoke(aws, args.endpoint_name, body, content_type, args.accept, routing)
     yield invoke.render(response, response_type)
 
 
@@ -63,6 +70,13 @@ def add(sub, common, waiting) -> None:
         help="InvokeEndpointWithBidirectionalStream: send --input's lines as payload parts, print answers as they arrive "
         "(needs aws-sdk-sagemaker-runtime-http2, Python >= 3.12)",
     )
+    p.add_argument("--custom-attributes", metavar="STR",
+                   help="CustomAttributes: up to 1024 ASCII characters the container's hooks see; the answer's own are printed to stderr")
+    p.add_argument("--inference-id", help="InferenceId, to find the request in data capture and logs")
+    p.add_argument("--target-model", metavar="NAME.tar.gz", help="TargetModel: the model of a multi-model endpoint, its key under the model's prefix")
+    p.add_argument("--inference-component", metavar="NAME", help="InferenceComponentName: the component to invoke on an endpoint of inference components")
+    p.add_argument("--session-id", metavar="ID",
+                   help="SessionId: NEW_SESSION opens a stateful session, an ID continues one; NewSessionId/ClosedSessionId are printed to stderr")
     p.set_defaults(handler=cmd_invoke)
 
     p = sub.add_parser("invoke-async", parents=[common], help="one request to an asynchronous endpoint; prints the output's s3:// URI, or with --wait the result")

@@ -34,8 +34,40 @@ def moto_server():
 
 
 @pytest.fixture
-def aws_env(moto_server, monkeypatch, tmp_path):
-    """Fake credentials and the moto endpoint in the environment; a clean moto per test."""
+def components(monkeypatch):
+    """The inference components the moto server gains for the test (fake_components.py)."""
+    from tests.deploy.fake_components import Components
+
+    fake = Components()
+    fake.install(monkeypatch)
+    return fake
+
+
+@pytest.fixture
+def sent_requests(monkeypatch):
+    """Every request the tool's clients build in this process, each checked against
+    botocore's service model before it is sent (requests_check.py)."""
+    from deploy.aws import Aws
+    from tests.deploy.requests_check import RequestLog
+
+    log = RequestLog()
+    original = Aws.client
+
+    def client(self, service):
+        fresh = service not in self._clients
+        made = original(self, service)
+        if fresh:
+            made.meta.events.register("before-parameter-build.*.*", log.hook(service))
+        return made
+
+    monkeypatch.setattr(Aws, "client", client)
+    return log
+
+
+@pytest.fixture
+def aws_env(moto_server, monkeypatch, tmp_path, components, sent_requests):
+    """Fake credentials and the moto endpoint in the environment; a clean moto per test,
+    with inference components, and every request the tool builds checked against botocore."""
     moto_server.reset()
     for name in ("AWS_PROFILE", "AWS_REGION", "AWS_SESSION_TOKEN", "SAGEMAKER_ROLE_ARN"):
         monkeypatch.delenv(name, raising=False)

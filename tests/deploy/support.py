@@ -60,6 +60,11 @@ class Moto:
 
 
 
+def by_target(recorded: list[dict], target: str) -> list[dict]:
+    """Bodies of the recorded JSON requests to one API action (X-Amz-Target ends with it)."""
+    return [json.loads(r["raw"]) for r in recorded if r["headers"].get("X-Amz-Target", "").endswith("." + target)]
+
+
 def run_module(*argv: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """`python -m deploy ...` as a user runs it, from the repository root."""
     return subprocess.run(

@@ -253,7 +253,8 @@ def test_async_endpoint_with_scale_to_zero(aws_env, boto, cli, model):
     [
         (["--sns-success", f"{TOPIC}:done"], "error: --sns-success configures an asynchronous endpoint: add --async-output s3://BUCKET/PREFIX"),
         (["--autoscale", "--min-instances", "0"],
-         "error: --min-instances 0 (scale to zero) is for asynchronous endpoints (--async-output); real-time endpoints keep at least one instance"),
+         "error: --min-instances 0 (scale to zero) is for asynchronous endpoints (--async-output) and inference components; "
+         "real-time endpoints keep at least one instance"),
         (["--async-output", "out/results"], "error: --async-output must be an s3://bucket/prefix URI, got 'out/results'"),
         (["--async-output", "s3://out/r", "--sns-error", "topic"], "error: --sns-error must be an SNS topic ARN (arn:aws:sns:REGION:ACCOUNT:NAME), got 'topic'"),
     ],
