@@ -31,7 +31,7 @@ LOCK := lock/dev$(if $(filter cpu,$(TORCH_VARIANT)),-no-torch).txt
 STAMP := $(VENV)/.installed-$(TORCH_VARIANT)
 UV_VERSION := 0.13.9
 
-.PHONY: help install lock model model-textgen new-model serve test test-fast batch-example bench clean
+.PHONY: help install lock model model-textgen new-model serve test test-fast batch-example mme-local bench clean
 
 help: ## This list (variables: README "Make targets and variables")
 	@awk -F':[^#]*## ' '/^[a-zA-Z][a-zA-Z0-9_-]*:[^=].*## /{printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -97,6 +97,20 @@ test-fast: install model model-textgen ## Every test but the image's (tests/cont
 
 batch-example: install model ## The README's local batch transform: build/batch-example/in -> out
 	$(PY) -m local_test.batch_example
+
+# SageMaker's part of a multi-model endpoint against a server already running in that mode
+# (SAGEMAKER_MULTI_MODEL=true make serve, in another shell): unpack MME_MODELS/TARGET,
+# load it (unloading the least recently used model on 507), invoke it with BODY.
+MME_MODELS ?= build
+TARGET ?= model.tar.gz
+BODY ?= local_test/payloads/digits.json
+CONTENT_TYPE ?= application/json
+ACCEPT ?=
+MME_URL ?= http://127.0.0.1:$(PORT)
+
+mme-local: install $(if $(filter build,$(MME_MODELS)),model) ## Invoke TARGET from the archives in MME_MODELS on a multi-model server at MME_URL
+	$(PY) -m local_test.multi_model $(MME_MODELS) --target $(TARGET) --url $(MME_URL) --body $(BODY) \
+		--content-type $(CONTENT_TYPE) $(if $(ACCEPT),--accept $(ACCEPT))
 
 # Speed is measured here, as ratios within one run, never asserted in tests.
 bench: install model ## Codec, batch-transform and load benchmarks (load needs `hey`)
