@@ -23,7 +23,7 @@ def test_ready_only_when_every_worker_left_its_marker(tmp_path):
 def test_a_restarted_worker_clears_its_predecessors_marker(tmp_path, monkeypatch):
     (tmp_path / "worker-0.ready").touch()
     server = ModelServer(Settings(model_dir=str(tmp_path / "missing")), worker_index=0, workers=1, state_dir=str(tmp_path))
-    monkeypatch.setattr(server, "_load", lambda: None)
+    monkeypatch.setattr(server, "load", lambda: None)
     server.start()
     assert not (tmp_path / "worker-0.ready").exists()
 
