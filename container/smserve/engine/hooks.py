@@ -4,7 +4,7 @@
 `output_fn(prediction, accept)`: each one defined replaces that built-in step, as in
 the SageMaker PyTorch serving toolkit users already know. Two more are this project's:
 a predict_fn that returns an iterator (a generator function's, or any other) streams its
-answer (streaming/streams.py), and `stream_fn(messages, model, context)` serves a
+answer (protocols/streams.py), and `stream_fn(messages, model, context)` serves a
 bidirectional WebSocket session with state kept for the life of the connection
 (streaming/stream_fn.py).
 """

@@ -20,7 +20,7 @@ from smserve.engine.hooks import is_stream
 from smserve.errors import BadRequest, NotAcceptable, ServerError, UnsupportedMediaType
 from smserve.protocols.negotiation import default_accept, negotiate, preferred
 from smserve.settings import Settings
-from smserve.streaming import streams
+from smserve.protocols import streams
 
 # Reply and the negotiation helpers are named here too: routes and sessions read the
 # protocol table's module for everything about answering.

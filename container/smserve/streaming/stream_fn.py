@@ -18,7 +18,7 @@ from gevent import monkey
 from smserve.engine.hooks import is_stream
 from smserve.errors import HTTPError
 from smserve.streaming.session import MAX_PENDING, CloseReason, Closing, Send, Session, SessionContext
-from smserve.streaming.streams import to_json
+from smserve.protocols.streams import to_json
 from smserve.streaming.text import TextPieces, item_payload
 
 log = logging.getLogger(__name__)

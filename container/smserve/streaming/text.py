@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import codecs
 
-from smserve.streaming.streams import to_json
+from smserve.protocols.streams import to_json
 
 
 class TextPieces:
