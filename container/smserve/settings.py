@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from smserve.codecs.media import MEDIA_TYPES
+from smserve.core.media import MEDIA_TYPES
 
 DEFAULT_MODEL_DIR = "/opt/ml/model"
 BATCH_STRATEGIES = ("SINGLE_RECORD", "MULTI_RECORD")

@@ -37,7 +37,7 @@ import orjson
 from smserve.codecs import npy, npz, records, slices, textout
 from smserve.codecs.limits import MAX_DIMS
 # The media types are read from here by the protocol table and the WebSocket session too.
-from smserve.codecs.media import ALIASES, CSV, JSON, JSONLINES, MEDIA_TYPES, NPY, NPZ, REQUEST_TYPES, media_type  # noqa: F401
+from smserve.core.media import ALIASES, CSV, JSON, JSONLINES, MEDIA_TYPES, NPY, NPZ, REQUEST_TYPES, media_type  # noqa: F401
 from smserve.errors import BadRequest, NotAcceptable
 from smserve.settings import Settings
 from smserve.core.metadata import ModelMetadata, TensorSpec

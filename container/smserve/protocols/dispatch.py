@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from smserve.codecs import media, records, simple, v2
+from smserve.codecs import records, simple, v2
+from smserve.core import media
 from smserve.core.inference import InferenceRequest
 from smserve.core.reply import Reply
 from smserve.engine.hooks import is_stream

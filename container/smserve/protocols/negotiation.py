@@ -11,7 +11,7 @@ import functools
 from werkzeug.datastructures import MIMEAccept
 from werkzeug.http import parse_accept_header
 
-from smserve.codecs import media
+from smserve.core import media
 from smserve.errors import NotAcceptable
 from smserve.settings import Settings
 

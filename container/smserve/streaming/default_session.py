@@ -21,7 +21,7 @@ from gevent.event import AsyncResult
 from gevent.lock import Semaphore
 from gevent.queue import Queue
 
-from smserve.codecs import media
+from smserve.core import media
 from smserve.core.reply import Reply
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.protocols import dispatch
