@@ -1,0 +1,204 @@
+"""Multi-model endpoints (SAGEMAKER_MULTI_MODEL=true): cold loads, invoke throughput with
+many models loaded, an LRU rotation through a small room, /ping while models load.
+
+    .venv/bin/python bench/bench_multi_model.py [--seconds 5] [--concurrency 16] [--rotation 1000]
+
+One server of WORKERS workers (2) in multi-model mode, and for the comparison one
+single-model server of the same workers serving the same model, driven by the same
+client (`hey`, apt-get install hey: one digit a request):
+
+- cold load to first answer: POST /models until the first invoke's 200 (the 200 of the
+  load comes once every worker has loaded it), then DELETE; for the example digits
+  model and a ~100 MB model (Linear(5120, 5120) in TorchScript). The server's very first
+  load (torch's own start-up in each worker) is shown apart;
+- invoke throughput on one model with 1, 10 and 100 models loaded (copies of the digits
+  model under other names) against the single-model server's /invocations;
+- a rotation through ROTATION archives (hard links to build/model.tar.gz, so the folder
+  costs nothing; each is unpacked once, ~130 kB) with the local driver
+  (local_test/multi_model.py) holding at most ROOM loaded, least recently used out:
+  every step unpacks, unloads one, loads one and invokes it; models/s;
+- /ping p50/p99 (every 20 ms, kept-alive) during the cold loads, during loads alone and
+  unloads alone, and during the rotation.
+
+Prints one table; the figures for this machine are in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from local_test.multi_model import LocalMultiModel  # noqa: E402
+from local_test.server_process import ServerProcess  # noqa: E402
+
+from _harness import Pinger, digits, pct, run_hey  # noqa: E402
+
+EXAMPLE = ROOT / "build" / "model"
+EXAMPLE_ARCHIVE = ROOT / "build" / "model.tar.gz"
+JSON = {"Content-Type": "application/json"}
+
+
+def server(model_dir: Path, workers: int, multi: bool, log: Path) -> ServerProcess:
+    env = {"SAGEMAKER_MODEL_SERVER_WORKERS": str(workers), "SMSERVE_LOG_LEVEL": "warning",
+           "SMSERVE_TORCH_THREADS": ""}
+    if multi:
+        env["SAGEMAKER_MULTI_MODEL"] = "true"
+    return ServerProcess(model_dir, env, log_path=log)
+
+
+def load(url: str, name: str, folder: Path) -> None:
+    r = requests.post(url + "/models", json={"model_name": name, "url": str(folder)}, timeout=300)
+    assert r.status_code == 200, (name, r.status_code, r.text)
+
+
+def unload(url: str, name: str) -> None:
+    assert requests.delete(f"{url}/models/{name}", timeout=300).status_code == 200
+
+
+def cold_loads(url: str, folder: Path, body: bytes, times: int, prefix: str) -> list[float]:
+    """ms from POST /models to the first invoke's 200, each time under a new name."""
+    took = []
+    for i in range(times):
+        name = f"{prefix}-{i}"
+        started = time.perf_counter()
+        load(url, name, folder)
+        r = requests.post(f"{url}/models/{name}/invoke", data=body, headers=JSON, timeout=60)
+        took.append((time.perf_counter() - started) * 1000)
+        assert r.status_code == 200, r.text
+        unload(url, name)
+    return took
+
+
+def hey(url: str, body_file: Path, seconds: int, concurrency: int) -> dict:
+    out = run_hey(url, body_file, JSON, seconds, concurrency)
+    bad = {code: n for code, n in out["statuses"].items() if code != 200}
+    return {"rps": out["rps"], "p99": out["latency"].get("99"), "bad": bad, "errors": out["errors"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=int, default=5, help="each throughput run")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--cold", type=int, default=20, help="cold loads of the digits model")
+    parser.add_argument("--cold-big", type=int, default=8, help="cold loads of the ~100 MB model")
+    parser.add_argument("--rotation", type=int, default=1000, help="models in the LRU rotation")
+    parser.add_argument("--room", type=int, default=20, help="models the rotation's LRU keeps loaded")
+    args = parser.parse_args()
+    if shutil.which("hey") is None:
+        sys.exit("bench_multi_model needs hey: apt-get install -y hey")
+    if not EXAMPLE_ARCHIVE.exists():
+        sys.exit("bench_multi_model needs the example model: make model")
+
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="bench_mme_"))
+    try:
+        body_file = work / "one-digit.json"
+        body = json.dumps({"instances": digits(1).tolist()}).encode()
+        body_file.write_bytes(body)
+        big = work / "big"
+        big.mkdir()
+        torch.jit.save(torch.jit.script(torch.nn.Linear(5120, 5120)), str(big / "model.pt"))
+        big_mb = (big / "model.pt").stat().st_size / 2**20
+        big_body = json.dumps({"instances": [[0.5] * 5120]}).encode()
+        rows: list[tuple[str, str]] = []
+
+        # The single-model server first, alone, so nothing else runs beside it.
+        with server(EXAMPLE, args.workers, False, work / "single.log") as single:
+            hey(single.url + "/invocations", body_file, 2, args.concurrency)  # warm up
+            base = hey(single.url + "/invocations", body_file, args.seconds, args.concurrency)
+
+        with server(work / "none", args.workers, True, work / "mme.log") as mme:
+            started = time.perf_counter()
+            load(mme.url, "first", EXAMPLE)
+            first_ms = (time.perf_counter() - started) * 1000
+            unload(mme.url, "first")
+            with Pinger(mme.url + "/ping", period=0.02, timeout=10) as ping_cold:
+                cold_digits = cold_loads(mme.url, EXAMPLE, body, args.cold, "digits")
+                cold_big = cold_loads(mme.url, big, big_body, args.cold_big, "big")
+            rows.append(("first load in a fresh server (each worker's torch start-up)", f"{first_ms:.0f} ms"))
+            rows.append((f"cold load to first answer, digits model, x{args.cold}",
+                         f"p50 {pct(cold_digits, 50):.0f} ms, p99 {pct(cold_digits, 99):.0f} ms"))
+            rows.append((f"cold load to first answer, {big_mb:.0f} MB model, x{args.cold_big}",
+                         f"p50 {pct(cold_big, 50):.0f} ms, p99 {pct(cold_big, 99):.0f} ms"))
+            rows.append(("/ping while those load", f"p50 {pct(ping_cold.latencies, 50):.1f} ms, "
+                         f"p99 {pct(ping_cold.latencies, 99):.1f} ms, {ping_cold.failures} failed"))
+
+            rows.append((f"single-model server, /invocations, {args.concurrency} clients",
+                         f"{base['rps']:.0f} req/s (p99 {base['p99']:.1f} ms){_bad(base)}"))
+            loaded = 0
+            pings_loading: list[float] = []
+            for count in (1, 10, 100):
+                with Pinger(mme.url + "/ping", period=0.02, timeout=10) as pinger:
+                    while loaded < count:
+                        load(mme.url, f"m{loaded:03d}", EXAMPLE)
+                        loaded += 1
+                pings_loading += pinger.latencies
+                url = mme.url + "/models/m000/invoke"
+                hey(url, body_file, 2, args.concurrency)  # warm up
+                result = hey(url, body_file, args.seconds, args.concurrency)
+                rows.append((f"MME, {count} model{'s' * (count > 1)} loaded, invoking one",
+                             f"{result['rps']:.0f} req/s (p99 {result['p99']:.1f} ms), "
+                             f"{result['rps'] / base['rps']:.2f}x single{_bad(result)}"))
+
+            # The rotation: every model through the driver's LRU of `room`.
+            archives = work / "archives"
+            archives.mkdir()
+            for i in range(args.rotation):
+                os.link(EXAMPLE_ARCHIVE, archives / f"r{i:04d}.tar.gz")
+            driver = LocalMultiModel(archives, mme.url, work / "cache", max_models=args.room, remember=False)
+            with Pinger(mme.url + "/ping", period=0.02, timeout=10) as ping_unloading:
+                driver.unload_all()
+            rows.append(("/ping while 100 models load one after another (no unloads)",
+                         f"p50 {pct(pings_loading, 50):.1f} ms, p99 {pct(pings_loading, 99):.1f} ms"))
+            rows.append(("/ping while they are unloaded one after another",
+                         f"p50 {pct(ping_unloading.latencies, 50):.1f} ms, "
+                         f"p99 {pct(ping_unloading.latencies, 99):.1f} ms"))
+            steps = {"unpack": [], "load": [], "invoke": []}
+            statuses: dict[int, int] = {}
+            with Pinger(mme.url + "/ping", period=0.02, timeout=10) as ping_rotation:
+                started = time.perf_counter()
+                for target in driver.targets():
+                    answer, t = driver.invoke(target, body)
+                    statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
+                    steps["unpack"].append(t.unpack_s * 1000)
+                    steps["load"].append(t.load_s * 1000)
+                    steps["invoke"].append(t.invoke_s * 1000)
+                elapsed = time.perf_counter() - started
+            rows.append((f"rotation: {args.rotation} models through an LRU of {args.room} (local driver)",
+                         f"{args.rotation / elapsed:.1f} models/s ({elapsed:.0f} s); per model p50: unpack "
+                         f"{pct(steps['unpack'], 50):.0f} ms, unload + load {pct(steps['load'], 50):.0f} ms, "
+                         f"invoke {pct(steps['invoke'], 50):.1f} ms; answers {statuses}"))
+            rows.append(("/ping during the rotation", f"p50 {pct(ping_rotation.latencies, 50):.1f} ms, "
+                         f"p99 {pct(ping_rotation.latencies, 99):.1f} ms, max {max(ping_rotation.latencies):.0f} ms, "
+                         f"{ping_rotation.failures} failed"))
+
+        print(f"multi-model endpoint, {args.workers} workers, {os.cpu_count()} cores; hey: one digit a request, "
+              f"{args.concurrency} clients, {args.seconds} s a run")
+        width = max(len(name) for name, _ in rows)
+        print(f"{'what':{width}}  result")
+        for name, value in rows:
+            print(f"{name:{width}}  {value}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _bad(result: dict) -> str:
+    return (f"; non-200: {result['bad']}" if result["bad"] else "") + \
+        (f"; {result['errors']} connection errors" if result["errors"] else "")
+
+
+if __name__ == "__main__":
+    main()
