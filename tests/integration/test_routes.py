@@ -126,3 +126,15 @@ def test_flask_test_client_sees_the_same_table(example_model_dir):
     assert r.status_code == 405 and r.headers["Allow"] == "POST"
     assert client.get("/").get_json()["routes"] == json.loads(json.dumps([
         f"{' '.join(route.methods)} {route.pattern}" for route in table.routes]))
+
+
+@pytest.mark.parametrize("upgrade", ["websocket, h2c", "h2c, WebSocket"])
+def test_a_handshake_that_offers_websocket_among_other_protocols_is_taken(example_server, upgrade):
+    with connect(example_server.port, timeout=10) as sock:
+        sock.sendall(("GET /invocations-bidirectional-stream HTTP/1.1\r\nHost: x\r\n"
+                      f"Upgrade: {upgrade}\r\nConnection: Upgrade\r\n"
+                      "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 101 "), head

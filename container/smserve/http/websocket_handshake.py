@@ -36,7 +36,10 @@ def check_handshake(req) -> str:
         raise HandshakeRefused(HTTPStatus.METHOD_NOT_ALLOWED, f"{PATH} takes a WebSocket handshake (GET), not "
                                f"{req.method}", {"Allow": "GET"})
     connection = [token.strip().lower() for token in one("CONNECTION").split(",")]
-    if one("UPGRADE").lower() != "websocket" or "upgrade" not in connection:
+    # Upgrade is a list of protocols the client could switch to (RFC 9110 7.8): it
+    # offers WebSocket if the list holds it (RFC 6455 4.2.1), whatever else it offers.
+    offered = [token.strip().lower() for token in one("UPGRADE").split(",")]
+    if "websocket" not in offered or "upgrade" not in connection:
         raise HandshakeRefused(HTTPStatus.UPGRADE_REQUIRED, f"{PATH} speaks WebSocket only: send Upgrade: websocket "
                                "and Connection: Upgrade", {"Upgrade": "websocket", "Sec-WebSocket-Version": "13"})
     if one("SEC-WEBSOCKET-VERSION").strip() != "13":
