@@ -77,14 +77,14 @@ serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8
 	@test -d "$(MODEL_DIR)" || { echo "make serve: $(MODEL_DIR_SETTING)=$(MODEL_DIR) is not a folder: give the one holding your model.pt2 or model.pt (make serve MODEL_DIR=my-model)" >&2; exit 2; }
 	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) SMSERVE_EXIT_ON_LOAD_ERROR=$(or $(SMSERVE_EXIT_ON_LOAD_ERROR),true) $(PY) container/serve serve
 
-# The tests on PYTEST_WORKERS processes (pytest-xdist; a file's tests stay in one
-# process, so its servers start once), then the `serial` ones alone, since they time the
-# server. Both parts always run; pytest's exit 5 (none selected) is not a failure.
+# The tests on PYTEST_WORKERS processes (pytest-xdist; a free process takes the next
+# test), then the `serial` ones alone, since they time the server. Both parts always
+# run; pytest's exit 5 (none selected) is not a failure.
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 define run_tests
 	@status=0; \
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not serial" $(1) $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not serial" $(1) $(PYTEST_ARGS) || status=$$?; \
 	$(PY) -m pytest -m serial $(1) $(PYTEST_ARGS) || { code=$$?; test $$code -eq 5 || status=$$code; }; \
 	exit $$status
 endef

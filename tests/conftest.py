@@ -11,20 +11,6 @@ import pytest
 from local_test.server_process import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """For xdist's --dist loadgroup (`make test`): a file's tests run in one worker, so
-    the servers its module fixtures start are started once; every test of the image
-    (tests/container) runs in one worker, so each image is built once."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            path = item.path.relative_to(config.rootpath)
-            group = "container" if path.parts[:2] == ("tests", "container") else path.as_posix()
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(scope="session")
 def example_model_dir() -> Path:
     if not (EXAMPLE_MODEL / "metadata.json").exists():

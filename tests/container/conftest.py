@@ -13,6 +13,8 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -42,8 +44,24 @@ def podman() -> str:
     return ENGINE
 
 
+@contextlib.contextmanager
+def one_build_at_a_time():
+    """Each pytest-xdist worker (`make test`) that runs an image test builds the images
+    for its own session: one at a time, so the second finds every layer made and cached."""
+    lock = REPO / "build" / ".container-tests.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def base_image(podman) -> str:
+    with one_build_at_a_time():
+        return _base_image(podman)
+
+
+def _base_image(podman: str) -> str:
     image = os.environ.get("SMSERVE_TEST_BASE_IMAGE")
     if not image:
         image = BASE_IMAGE
@@ -97,7 +115,8 @@ def build_image(podman: str, base_image: str, tag: str, extra_args: list[str] = 
             "--build-arg", f"TORCH_VERSION={version}",
             "--build-arg", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu",
         ]
-    built = run(args + [str(REPO)], timeout=BUILD_TIMEOUT_S)
+    with one_build_at_a_time():
+        built = run(args + [str(REPO)], timeout=BUILD_TIMEOUT_S)
     if built.returncode != 0:
         pytest.fail(f"podman build failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}")
     return tag
