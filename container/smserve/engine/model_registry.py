@@ -22,12 +22,15 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 import uuid
 from dataclasses import asdict, dataclass
 
 from smserve.errors import Conflict
 
 LOADING, READY, UNLOADING = "loading", "ready", "unloading"
+# Longer than a file-time tick (jiffies: up to 10 ms), with room to spare.
+_TICK_NS = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,15 @@ class SharedRegistry:
     def __init__(self, root: str):
         self.root = root
         os.makedirs(root, exist_ok=True)
+
+    def version(self) -> int | None:
+        """A mark that changes whenever a file is added, replaced or removed here (the
+        folder's mtime), or None while a change may still be hidden: file times tick
+        coarsely (a few ms), so a change made in the same tick as the last look would
+        leave the mtime as it was. A follower skips reading the folder while the mark it
+        last read is the one it gets again."""
+        mtime = os.stat(self.root).st_mtime_ns
+        return mtime if time.time_ns() - mtime > _TICK_NS else None
 
     def claim(self, name: str, url: str) -> Entry:
         """Register a new model, loading; 409 if the name is taken (loaded, or loading now)."""

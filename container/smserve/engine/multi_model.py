@@ -74,6 +74,7 @@ class MultiModelServer:
         self._busy: set[tuple[str, str]] = set()  # (name, generation) being loaded or unloaded here
         self._failed: set[tuple[str, str]] = set()  # loads that failed in this process
         self._synced = False
+        self._seen: int | None = None  # the shared folder's version at the last read
         self.status = READY
 
     # ------------------------------------------------------------ worker lifecycle
@@ -123,6 +124,11 @@ class MultiModelServer:
             gevent.sleep(FOLLOW_S)
 
     def _sync(self) -> None:
+        # The folder is read again only when it changed: with a hundred models, reading
+        # every file 50 times a second cost the worker a good part of a core.
+        version = self.shared.version()
+        if version is not None and version == self._seen:
+            return
         entries = self.shared.entries()
         wanted = {e.name: e for e in entries if e.state in (LOADING, READY)}
         for name, local in list(self.models.items()):
@@ -137,6 +143,7 @@ class MultiModelServer:
                 self.shared.unack(entry, self.worker_index)
             elif entry.state != UNLOADING and entry.name not in self.models and tag not in self._failed:
                 self._start(self._load_here, entry)
+        self._seen = version
 
     def _start(self, job, target) -> None:
         entry = target.entry if isinstance(target, _Local) else target
