@@ -80,7 +80,7 @@ serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8
 # The tests on PYTEST_WORKERS processes (pytest-xdist; a free process takes the next
 # test), then the `serial` ones alone, since they time the server. Both parts always
 # run; pytest's exit 5 (none selected) is not a failure.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 define run_tests
 	@status=0; \
