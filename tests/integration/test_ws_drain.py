@@ -38,6 +38,8 @@ def stream_fn(messages, model, context):
 
 HOOKS = {"default": ECHO_HOOKS, "stream_fn": STREAM_FN_HOOKS}
 GRACEFUL_S = 20
+# The first message's model sleep: the session holds it while the sender fills every buffer.
+FIRST_SLEEP_S = 6
 
 
 @pytest.fixture(params=["default", "stream_fn"])
@@ -82,6 +84,9 @@ def test_sigterm_answers_every_message_read_ahead_of_the_model(server):
     assert session_log(server) == (100, 100)
 
 
+# Times the sender's stall against the first message's model sleep: kept out of the
+# parallel part of the suite, where a loaded machine can make the sender too slow.
+@pytest.mark.serial
 def test_sigterm_answers_the_messages_waiting_in_the_socket(server):
     """A sender that keeps sending until every buffer is full: each message whose
     last byte reached the server before the signal is answered (those read ahead and
@@ -97,7 +102,7 @@ def test_sigterm_answers_the_messages_waiting_in_the_socket(server):
         try:
             i = 0
             while not stop.is_set():
-                data = memoryview(message(i, sleep=3 if i == 0 else 0, pad=size))
+                data = memoryview(message(i, sleep=FIRST_SLEEP_S if i == 0 else 0, pad=size))
                 while data:
                     n = conn.sock.send(data)
                     accepted += n
@@ -110,7 +115,9 @@ def test_sigterm_answers_the_messages_waiting_in_the_socket(server):
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
     last, since = -1, time.monotonic()
+    give_up = since + FIRST_SLEEP_S - 1
     while time.monotonic() - since < 0.4:  # until the sender has stalled
+        assert time.monotonic() < give_up, "the sender never stalled while the first message slept"
         if accepted != last:
             last, since = accepted, time.monotonic()
         time.sleep(0.02)
