@@ -30,7 +30,17 @@ INFERENCE_PY = '''\
 """Hooks for {name}, as in SageMaker's PyTorch toolkit. Each one defined replaces that
 built-in step; leave one commented out to keep the built-in. They run on the worker's
 inference thread, never on the event loop, so a slow one does not block /ping.
-Extra packages: list them in code/requirements.txt (see the README)."""
+Extra packages: list them in code/requirements.txt (see the README).
+
+input_fn, predict_fn and output_fn may take a last parameter named `context` (drop it
+if you do not need it): the request's SageMaker headers, read-only -
+context.custom_attributes (X-Amzn-SageMaker-Custom-Attributes, or None),
+context.inference_id, context.target_model, context.headers (any header, in any case),
+context.path, context.query - and context.response_custom_attributes, which you may set
+to a str sent back as X-Amzn-SageMaker-Custom-Attributes (the caller's CustomAttributes).
+Each request has its own; a predict_fn that runs on a batch of several requests
+(max_batch_size > 0 in metadata.json, and no input_fn or output_fn) gets None.
+See docs/model.md, "The request's context"."""
 
 # import torch
 
@@ -41,22 +51,25 @@ Extra packages: list them in code/requirements.txt (see the README)."""
 #     ...
 
 
-# def input_fn(body, content_type):
+# def input_fn(body, content_type, context):
 #     """bytes -> what predict_fn takes. Any Content-Type reaches it except the KServe
 #     v2 forms. Raise ValueError (or smserve.errors.BadRequest) for a 400.
-#     Built-in: JSON, CSV, JSON Lines, .npy -> a tensor on the worker's device."""
+#     Built-in: JSON, CSV, JSON Lines, .npy -> a tensor on the worker's device.
+#     context.custom_attributes: the caller's CustomAttributes (or None)."""
 #     ...
 
 
-# def predict_fn(data, model):
+# def predict_fn(data, model, context):
 #     """Built-in: model(data) under torch.inference_mode(); several inputs arrive as a
-#     dict and are passed positionally in metadata.json's order."""
+#     dict and are passed positionally in metadata.json's order. context: the
+#     request's, or None when this call runs a batch of several requests."""
 #     ...
 
 
-# def output_fn(prediction, accept):
+# def output_fn(prediction, accept, context):
 #     """-> bytes or str, or (body, content_type). Built-in: encoded by Accept
-#     (application/json, text/csv, application/jsonlines, application/x-npy)."""
+#     (application/json, text/csv, application/jsonlines, application/x-npy).
+#     context.response_custom_attributes = "..." answers with the caller's CustomAttributes."""
 #     ...
 '''
 

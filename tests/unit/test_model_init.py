@@ -169,11 +169,23 @@ def test_skeleton_defines_no_hook_until_one_is_uncommented(tmp_path):
     export_two_heads(tmp_path / "m")
     init.main([str(tmp_path / "m")])
     script = (tmp_path / "m" / "code" / "inference.py").read_text()
-    for hook in ("model_fn(model_dir)", "input_fn(body, content_type)", "predict_fn(data, model)",
-                 "output_fn(prediction, accept)"):
+    for hook in ("model_fn(model_dir)", "input_fn(body, content_type, context)", "predict_fn(data, model, context)",
+                 "output_fn(prediction, accept, context)"):
         assert f"# def {hook}:" in script
+    assert "context.response_custom_attributes" in script
     hooks = load_hooks(str(tmp_path / "m"))
     assert (hooks.model_fn, hooks.input_fn, hooks.predict_fn, hooks.output_fn) == (None, None, None, None)
+
+
+def test_an_uncommented_hook_takes_the_requests_context(tmp_path):
+    export_two_heads(tmp_path / "m")
+    init.main([str(tmp_path / "m")])
+    path = tmp_path / "m" / "code" / "inference.py"
+    head, tail = path.read_text().split("# def output_fn", 1)
+    # The last hook of the skeleton, uncommented as a user would.
+    path.write_text(head + "\n".join(line[2:] for line in ("# def output_fn" + tail).splitlines()) + "\n")
+    hooks = load_hooks(str(tmp_path / "m"))
+    assert hooks.output_fn is not None and hooks.output_context and not hooks.input_context
 
 
 def test_existing_files_are_kept_unless_forced(tmp_path):

@@ -7,6 +7,10 @@ a predict_fn that returns an iterator (a generator function's, or any other) str
 answer (protocols/streams.py), and `stream_fn(messages, model, context)` serves a
 bidirectional WebSocket session with state kept for the life of the connection
 (streaming/stream_fn.py).
+
+`input_fn`, `predict_fn` and `output_fn` may declare a last parameter named `context`
+(core/context.py: SageMaker's headers, and custom attributes to send back): seen in
+their signatures once, here, so a request pays nothing to know it.
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import importlib.util
 import inspect
 import logging
 import os
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
 HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "stream_fn")
+# The hooks that may take the request's context as a last parameter of this name.
+CONTEXT = "context"
 CODE_DIR = "code"
 SCRIPT = "inference.py"
 
@@ -37,10 +44,35 @@ class Hooks:
     # how it is written (`return model.generate(data)` streams as `yield` does): known at
     # load for a generator function, else learnt from its first iterator.
     returned_iterator: bool = field(default=False, compare=False)
+    # Whether each hook takes the request's context (its last parameter is `context`).
+    input_context: bool = field(default=False, init=False, compare=False)
+    predict_context: bool = field(default=False, init=False, compare=False)
+    output_context: bool = field(default=False, init=False, compare=False)
 
     def __post_init__(self):
         if self.predict_fn is not None and inspect.isgeneratorfunction(self.predict_fn):
             self.returned_iterator = True
+        for name in ("input_fn", "predict_fn", "output_fn"):
+            fn = getattr(self, name)
+            kind = _context_parameter(fn)
+            if kind is None:
+                continue
+            if kind == inspect.Parameter.KEYWORD_ONLY:
+                # Called like the others, context last and positional.
+                setattr(self, name, _context_by_keyword(fn))
+            setattr(self, name.replace("_fn", "_context"), True)
+
+    @property
+    def wants_context(self) -> bool:
+        return self.input_context or self.predict_context or self.output_context
+
+    def output_with(self, context_of):
+        """output_fn as (prediction, accept) -> answer, given the request's context when
+        it asks for one (context_of(): the context, made on the first call)."""
+        output_fn = self.output_fn
+        if output_fn is None or not self.output_context:
+            return output_fn
+        return lambda prediction, accept: output_fn(prediction, accept, context_of())
 
     @property
     def streams(self) -> bool:
@@ -78,6 +110,32 @@ def is_stream(value) -> bool:
     return inspect.isgenerator(value) or (hasattr(value, "__next__") and not hasattr(value, "shape"))
 
 
+def _context_parameter(fn) -> inspect._ParameterKind | None:
+    """How fn takes a context: the kind of its last parameter when that one is named
+    `context` (and is not *args or **kwargs); None when it takes none."""
+    if fn is None:
+        return None
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin or an object without a signature
+        return None
+    if not parameters or parameters[-1].name != CONTEXT:
+        return None
+    kind = parameters[-1].kind
+    if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        return None
+    return kind
+
+
+def _context_by_keyword(fn):
+    @functools.wraps(fn)
+    def call(*args):
+        *rest, context = args
+        return fn(*rest, context=context)
+
+    return call
+
+
 def load_hooks(model_dir: str) -> Hooks:
     path = os.path.join(model_dir, CODE_DIR, SCRIPT)
     if not os.path.exists(path):
@@ -93,6 +151,9 @@ def load_hooks(model_dir: str) -> Hooks:
     found = {name: getattr(module, name) for name in HOOK_NAMES if callable(getattr(module, name, None))}
     # Which of the user's hooks replace a built-in step, said once at start: a typo'd
     # name (predict instead of predict_fn) shows here as a hook missing.
-    log.info("hooks: %s from %s/%s", ", ".join(found) or f"none (it defines none of {', '.join(HOOK_NAMES)})",
-             CODE_DIR, SCRIPT)
-    return Hooks(**found)
+    hooks = Hooks(**found)
+    with_context = [name for name in ("input_fn", "predict_fn", "output_fn")
+                    if getattr(hooks, name.replace("_fn", "_context"))]
+    log.info("hooks: %s from %s/%s%s", ", ".join(found) or f"none (it defines none of {', '.join(HOOK_NAMES)})",
+             CODE_DIR, SCRIPT, f" ({', '.join(with_context)} with context)" if with_context else "")
+    return hooks

@@ -69,11 +69,12 @@ class LoadedModel:
     # What SMSERVE_COMPILE achieved: "off", the mode, or "failed" (serving uncompiled).
     compiled: str = "off"
 
-    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def predict(self, inputs: dict[str, np.ndarray], context=None) -> dict[str, np.ndarray]:
         """Run the model (or the user's predict_fn) on named arrays; named arrays back,
-        or the iterator a predict_fn answered with (to stream: the server decides)."""
+        or the iterator a predict_fn answered with (to stream: the server decides).
+        context: the request's, for a predict_fn that takes one (None in a batched pass)."""
         data = self.to_model_input(inputs)
-        prediction = self.predict_data(data)
+        prediction = self.predict_data(data, context)
         if self.hooks.streamed(prediction):
             return prediction
         outputs = self.outputs_to_numpy(prediction)
@@ -89,9 +90,11 @@ class LoadedModel:
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
         return self.staging.stage(name, parts)
 
-    def predict_data(self, data):
+    def predict_data(self, data, context=None):
         with self.precision():
             if self.hooks.predict_fn is not None:
+                if self.hooks.predict_context:
+                    return self.hooks.predict_fn(data, self.model, context)
                 return self.hooks.predict_fn(data, self.model)
             if any(not isinstance(t, torch.Tensor) for t in (data.values() if isinstance(data, dict) else [data])):
                 raise BadRequest("this model takes numeric tensors; BYTES inputs need a predict_fn in code/inference.py")

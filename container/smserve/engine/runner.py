@@ -104,9 +104,11 @@ class Runner:
         self._predict = None
         self.pool.kill()
 
-    def infer(self, inputs: Arrays) -> Arrays:
-        """Named arrays in, named arrays out, batched with whatever else is waiting."""
-        results = list(self.infer_by_pass(inputs))
+    def infer(self, inputs: Arrays, context=None) -> Arrays:
+        """Named arrays in, named arrays out, batched with whatever else is waiting.
+        context: the request's, for a predict_fn that takes one; only an unbatched
+        model's pass is one request's, so a batched pass gets None."""
+        results = list(self.infer_by_pass(inputs, context))
         if len(results) == 1:
             return results[0]
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
@@ -116,7 +118,7 @@ class Runner:
             return 1
         return max(1, -(-_rows(inputs) // self.max_batch_size))
 
-    def infer_by_pass(self, inputs: Arrays) -> Iterator[Arrays]:
+    def infer_by_pass(self, inputs: Arrays, context=None) -> Iterator[Arrays]:
         """The outputs of each forward pass, in order, as each pass ends. A request
         bigger than the model's max batch size runs as several passes, all queued at
         once so they follow each other without a gap."""
@@ -124,7 +126,7 @@ class Runner:
             raise ServerError("model is not loaded")
         if self.max_batch_size <= 0 or not inputs:
             try:
-                yield self.call_pass(self._predict, inputs, records=lambda: records_in(inputs))
+                yield self.call_pass(self._predict, inputs, context, records=lambda: records_in(inputs))
             except HTTPError as e:
                 log_model_failure(e)
                 raise
@@ -259,9 +261,10 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
     exception as its cause, for log_model_failure). Not logged here: a batched pass that
     fails is run again request by request, and only those answers are final."""
 
-    def run(inputs: Arrays) -> Arrays:
+    def run(inputs: Arrays, context=None) -> Arrays:
         try:
-            return predict(inputs)
+            # (predict takes a context only when a request's is given: Runner.infer's.)
+            return predict(inputs) if context is None else predict(inputs, context)
         except HTTPError:
             raise
         except Exception as e:

@@ -146,9 +146,16 @@ class ModelServer:
 
     # ------------------------------------------------------------ inference
 
-    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(self, inputs: dict[str, np.ndarray], context=None) -> dict[str, np.ndarray]:
+        """context: the request's, for a predict_fn that takes one (predict_context)."""
         self.check_ready()
-        return self.runner.infer(inputs)
+        return self.runner.infer(inputs, context)
+
+    @property
+    def predict_context(self) -> bool:
+        """A predict_fn that takes the request's context runs on this request alone:
+        the model is not batched across requests. (A batched pass's predict_fn gets None.)"""
+        return self.status == READY and self.model.hooks.predict_context and self.runner.max_batch_size <= 0
 
     @property
     def has_input_fn(self) -> bool:
@@ -206,9 +213,12 @@ class ModelServer:
     def _hook_input(self, message):
         """The model's input: its input_fn's, or the built-in decoder's."""
         model = self.model
-        if model.hooks.input_fn is not None:
+        hooks = model.hooks
+        if hooks.input_fn is not None:
             try:
-                return model.hooks.input_fn(message.body, message.content_type)
+                if hooks.input_context:
+                    return hooks.input_fn(message.body, message.content_type, message.context)
+                return hooks.input_fn(message.body, message.content_type)
             except HTTPError:
                 raise
             except CLIENT_DATA_ERRORS as e:
@@ -218,9 +228,9 @@ class ModelServer:
                 raise BadRequest(f"input_fn rejected the body: {type(e).__name__}: {e}") from e
         return model.to_model_input(simple.decode(message.body, message.content_type, model.metadata))
 
-    def _hook_predict(self, data):
+    def _hook_predict(self, data, message):
         try:
-            return self.model.predict_data(data)
+            return self.model.predict_data(data, message.context if self.model.hooks.predict_context else None)
         except HTTPError:
             raise
         except Exception as e:
@@ -238,11 +248,14 @@ class ModelServer:
         hooks = model.hooks
 
         def chain(data):
-            prediction = self._hook_predict(data)
+            prediction = self._hook_predict(data, message)
             if hooks.streamed(prediction):
                 return prediction
             if encode is None:
-                result = hooks.output_fn(prediction, accept)
+                if hooks.output_context:
+                    result = hooks.output_fn(prediction, accept, message.context)
+                else:
+                    result = hooks.output_fn(prediction, accept)
                 if isinstance(result, tuple):
                     body_out, media = result
                 else:

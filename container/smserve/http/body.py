@@ -27,6 +27,15 @@ class ClientError(Exception):
         self.message = message
 
 
+def joined_headers(req) -> dict[str, str]:
+    """Header name (upper case) -> value, repeated fields joined with a comma as WSGI
+    joins them (so an ambiguous repeat stays visible to the codecs)."""
+    headers: dict[str, str] = {}
+    for name, value in req.headers:
+        headers[name] = f"{headers[name]},{value}" if name in headers else value
+    return headers
+
+
 def _too_big(settings) -> str:
     return f"exceeds the payload limit of {settings.max_body_bytes} bytes ({settings.body_limit_setting})"
 

@@ -26,7 +26,6 @@ import sys
 import termios
 import time
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl
 
 import gevent
 from gevent import socket as gevent_socket
@@ -38,6 +37,7 @@ from wsproto.utilities import LocalProtocolError
 
 from smserve import metrics
 from smserve.http import access, turns
+from smserve.http.body import joined_headers
 from smserve.http.sending import SendTimeout, reset_on_close
 from smserve.http.websocket_handshake import PATH, HandshakeRefused, accept_response, check_handshake
 from smserve.streaming.handlers import open_session
@@ -129,11 +129,8 @@ class WebSocket:
         # client's Close, and a default session still answers what came before it.
         self.frames = FrameProtocol(client=False, extensions=[])
         self.leftover = leftover
-        self.context = SessionContext(
-            query=dict(parse_qsl(req.query or "", keep_blank_values=True)),
-            headers={name.lower(): value for name, value in req.headers},
-            peer=access.peer(addr),
-        )
+        # The handshake's path, query and headers.
+        self.context = SessionContext(joined_headers(req), req.path, req.query or "", access.peer(addr))
         self.session = None  # streaming.session.Session, once open
         self.write_lock = Semaphore()
         self.inbound: _Inbound | None = None

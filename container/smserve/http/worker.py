@@ -51,7 +51,7 @@ from gunicorn.http.parser import RequestParser
 from gunicorn.workers import base
 
 from smserve.http import access
-from smserve.http.body import ClientError, check_head, parse_error, read_body
+from smserve.http.body import ClientError, check_head, joined_headers, parse_error, read_body
 from smserve.http.connection import Close, Connection, RequestSource, buffered, bytes_waiting, connection_cap
 from smserve.http.sending import SMALL_ANSWER, Sender, SendTimeout, reset_on_close, send_error
 from smserve.routes.table import Request, RouteTable, reason
@@ -366,7 +366,7 @@ class GeventModelWorker(base.Worker):
             # arrived: this answer is the last on the connection.
             resp.force_close()
         if route is not None:
-            answer = self.routes.dispatch(route, Request(req.method, req.path, _joined_headers(req), body, params,
+            answer = self.routes.dispatch(route, Request(req.method, req.path, joined_headers(req), body, params,
                                                          req.query))
             answered.quiet = route.quiet
             headers = answer.headers
@@ -414,15 +414,6 @@ class GeventModelWorker(base.Worker):
             return False
         # After SIGTERM, a connection goes on only while requests are already waiting.
         return self.alive or buffered(parser) or bytes_waiting(sock)
-
-
-def _joined_headers(req) -> dict[str, str]:
-    """Header name (upper case) -> value, repeated fields joined with a comma as WSGI
-    joins them (so an ambiguous repeat stays visible to the codecs)."""
-    headers: dict[str, str] = {}
-    for name, value in req.headers:
-        headers[name] = f"{headers[name]},{value}" if name in headers else value
-    return headers
 
 
 class _Answered:

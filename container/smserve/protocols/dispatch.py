@@ -10,11 +10,12 @@ so the event loop only moves bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 from smserve.codecs import records, simple, v2
 from smserve.core import media
+from smserve.core.context import RequestContext
 from smserve.core.inference import InferenceRequest
 from smserve.core.reply import Reply
 from smserve.engine.hooks import is_stream
@@ -51,16 +52,28 @@ class Message:
     accept: str | None = None
     # The Inference-Header-Content-Length header (HTTP only).
     v2_header_length: str | None = None
+    # Makes the request's context (core/context.py) for the hooks that declare one:
+    # called at most once, and only when one does, so a request whose hooks do not ask
+    # builds none.
+    context_of: Callable[[], RequestContext] | None = field(default=None, repr=False)
+    built_context: RequestContext | None = field(default=None, repr=False)
 
     @classmethod
-    def from_http(cls, body: bytes, header) -> "Message":
+    def from_http(cls, body: bytes, header, context_of: Callable[[], RequestContext] | None = None) -> "Message":
         """An HTTP request's message; header(name) gives a header's value or None."""
         return cls(body=body, content_type=header("Content-Type") or "", accept=header("Accept"),
-                   v2_header_length=header(v2.HEADER_LENGTH_HEADER))
+                   v2_header_length=header(v2.HEADER_LENGTH_HEADER), context_of=context_of)
 
     @property
     def kind(self) -> str:
         return media.media_type(self.content_type)
+
+    @property
+    def context(self) -> RequestContext:
+        """This request's context, made on first use (one per request, never shared)."""
+        if self.built_context is None:
+            self.built_context = self.context_of() if self.context_of is not None else RequestContext({})
+        return self.built_context
 
 
 class Protocol:
@@ -86,7 +99,7 @@ class _V2(Protocol):
         metadata = server.metadata
         header_length = self.header_length(message)
         inference = server.codec(len(message.body), v2.decode_request, message.body, header_length, metadata)
-        return v2_reply(server, inference, sagemaker=True)
+        return v2_reply(server, inference, sagemaker=True, message=message)
 
 
 class SageMakerBinary(_V2):
@@ -127,8 +140,9 @@ class V2JsonBinary(_V2):
         return v2.header_length_from_header(message.v2_header_length, len(message.body))
 
 
-def v2_reply(server, inference: InferenceRequest, sagemaker: bool) -> Reply:
-    results = server.infer(inference.inputs)
+def v2_reply(server, inference: InferenceRequest, sagemaker: bool, message: Message | None = None) -> Reply:
+    """message: the request's, whose context a predict_fn may take."""
+    results = server.infer(inference.inputs, _predict_context(server, message))
     if is_stream(results):
         server.close_stream(results)
         raise NotAcceptable("this model streams its answer (its predict_fn returned an iterator), and a KServe v2 "
@@ -163,7 +177,7 @@ class Hooks(Protocol):
         stream_format = None
         if hooks.streams:
             # Known to stream: an Accept no stream can meet is refused before the model runs.
-            stream_format = streams.negotiate(message.accept, hooks.output_fn)
+            stream_format = streams.negotiate(message.accept, hooks.output_with(lambda: message.context))
         if hooks.output_fn is not None:
             # The user's output_fn may speak types we do not: it gets the client's first choice.
             accept, encode = preferred(message.accept, default), None
@@ -192,7 +206,8 @@ def streamed_reply(server, message: Message, iterator, stream_format=None) -> Re
     """The iterator a predict_fn returned, streamed in the format the Accept chooses."""
     try:
         if stream_format is None:
-            stream_format = streams.negotiate(message.accept, server.model.hooks.output_fn)
+            stream_format = streams.negotiate(message.accept,
+                                              server.model.hooks.output_with(lambda: message.context))
     except NotAcceptable:
         server.close_stream(iterator)
         raise
@@ -224,7 +239,7 @@ class Json(Protocol):
             return simple_reply(server, settings, message, simple.decode_json(found, server.metadata))
         decoded = server.codec(len(body), _decode_json, body, server.metadata, True)
         if isinstance(decoded, InferenceRequest):
-            return v2_reply(server, decoded, sagemaker=True)
+            return v2_reply(server, decoded, sagemaker=True, message=message)
         return simple_reply(server, settings, message, decoded)
 
 
@@ -272,13 +287,21 @@ def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
         passes = _lines_by_pass(server, inputs, accept, labels)
         first = next(passes)
         return Reply(_resumed(first, passes), {"Content-Type": accept})
-    outputs = server.infer(inputs)
+    outputs = server.infer(inputs, _predict_context(server, message))
     if is_stream(outputs):
         return streamed_reply(server, message, outputs)
     if refusal is not None:
         raise refusal
     payload, media_type = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
     return Reply(payload, {"Content-Type": media_type})
+
+
+def _predict_context(server, message: Message | None):
+    """The request's context for a predict_fn that takes one and runs on this request
+    alone (an unbatched model); None otherwise, and then none is made."""
+    if message is None or not server.predict_context:
+        return None
+    return message.context
 
 
 def _lines_by_pass(server, inputs, accept: str, labels) -> Iterator[bytes]:

@@ -13,7 +13,7 @@ from smserve.core.metadata import ModelMetadata
 from smserve.engine.server import READY
 from smserve.errors import BadRequest, HTTPError, NotFound
 from smserve.protocols import dispatch
-from smserve.routes.sagemaker import request_body
+from smserve.routes.sagemaker import context_of, reply_response, request_body
 from smserve.routes.table import Request, Response, json_response
 from smserve.settings import Settings
 
@@ -57,8 +57,9 @@ class KServeRoutes:
             body = request_body(server, self.settings, request)
             header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
             inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
-            reply = dispatch.v2_reply(server, inference, sagemaker=False)
-            return Response(200, list(reply.headers.items()), reply.body)
+            message = dispatch.Message(body, context_of=context_of(request))  # (for its context)
+            reply = dispatch.v2_reply(server, inference, sagemaker=False, message=message)
+            return reply_response(reply, message)
 
     @contextlib.contextmanager
     def _model(self, request: Request) -> Iterator[tuple[object, ModelMetadata]]:

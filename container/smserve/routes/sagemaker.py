@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 
 from smserve.codecs import contentcoding
+from smserve.core.context import CUSTOM_ATTRIBUTES, RequestContext, response_custom_attributes
 from smserve.errors import NotFound
 from smserve.protocols import dispatch
 from smserve.routes.table import Request, Response, json_response
@@ -44,9 +45,27 @@ def invocation(server, settings: Settings, request: Request) -> Response:
     """An inference: the protocol is chosen by the protocol table; a route only moves the
     request in and the reply out."""
     body = request_body(server, settings, request)
-    message = dispatch.Message.from_http(body, request.header)
+    message = dispatch.Message.from_http(body, request.header, context_of(request))
     reply = dispatch.answer(message, server, settings)
-    return Response(200, list(reply.headers.items()), reply.body)
+    return reply_response(reply, message)
+
+
+def context_of(request: Request):
+    """Makes the request's context for the hooks that take one (only they call it): its
+    headers, path and query, and the model a multi-model route names."""
+    return lambda: RequestContext(request.headers, request.path, request.query, request.params.get("name"))
+
+
+def reply_response(reply, message) -> Response:
+    """The reply as a 200, with the custom attributes a hook set on the request's context
+    (X-Amzn-SageMaker-Custom-Attributes). A streamed reply's headers leave with its
+    first chunk, which is made before this: what a hook sets after it is not sent."""
+    headers = list(reply.headers.items())
+    if message.built_context is not None:
+        attributes = response_custom_attributes(message.built_context)
+        if attributes is not None:
+            headers.append((CUSTOM_ATTRIBUTES, attributes))
+    return Response(200, headers, reply.body)
 
 
 def request_body(server, settings: Settings, request: Request) -> bytes:

@@ -26,7 +26,7 @@ from smserve.core.reply import Reply
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.protocols import dispatch
 from smserve.protocols.negotiation import negotiate
-from smserve.streaming.session import MAX_PENDING, CloseReason, Closing, Send, Session
+from smserve.streaming.session import MAX_PENDING, CloseReason, Closing, Send, Session, SessionContext
 from smserve.streaming.text import TextPieces
 
 log = logging.getLogger(__name__)
@@ -43,11 +43,13 @@ class DefaultSession(Session):
     # Each message was a request: what the client sent before its Close is answered.
     answers_after_close = True
 
-    def __init__(self, server, settings, query: dict[str, str]):
+    def __init__(self, server, settings, context: SessionContext):
         super().__init__()
         self.server = server
         self.settings = settings
-        options = _options(server, query)
+        # Each message's hooks that take a context get one of their own, of this handshake.
+        self.context = context
+        options = _options(server, context.query)
         self.binary_type = options.get("content-type", BINARY_DEFAULT_TYPE)
         self.accept = options.get("accept")
         # Answers in the order their messages came: a slot each, None at the end.
@@ -73,7 +75,8 @@ class DefaultSession(Session):
             builtin = content_type in media.MEDIA_TYPES and not self.server.uses_byte_hooks
             accept = self.accept or (BINARY_DEFAULT_TYPE if builtin else None)
         try:
-            reply = dispatch.answer(dispatch.Message(body, content_type, accept), self.server, self.settings)
+            message = dispatch.Message(body, content_type, accept, context_of=self.context.for_message)
+            reply = dispatch.answer(message, self.server, self.settings)
         except BaseException as e:  # noqa: BLE001 - every outcome goes to the sender, in order
             slot.set(e)
             return
@@ -129,9 +132,10 @@ def _options(server, query: dict[str, str]) -> dict[str, str]:
     """The session's query options, checked before any message is read: 1008 for one
     the model cannot take. `accept` is checked per answer instead when the model's own
     code may answer in other types (an output_fn) or stream (a predict_fn: only what it
-    returns tells)."""
+    returns tells). Other options are refused, unless the model's hooks take a context:
+    then they are the hooks' to read (context.query), as a stream_fn's are."""
     unknown = sorted(set(query) - set(OPTIONS))
-    if unknown:
+    if unknown and not server.model.hooks.wants_context:
         raise Closing(CloseReason.POLICY_VIOLATION, f"unsupported query option(s) {', '.join(unknown)}; supported: "
                       f"{', '.join(OPTIONS)}")
     options = {}

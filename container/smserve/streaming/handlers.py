@@ -20,7 +20,7 @@ def open_session(server, settings, context: SessionContext) -> Session:
                       e.message) from None
     stream_fn = server.model.hooks.stream_fn
     if stream_fn is None:
-        return DefaultSession(server, settings, context.query)
+        return DefaultSession(server, settings, context)
     if not server.open_stream_session():
         raise Closing(CloseReason.TRY_AGAIN_LATER, f"this worker holds its most stream_fn sessions "
                       f"({settings.max_sessions}, SMSERVE_MAX_SESSIONS); try again later")

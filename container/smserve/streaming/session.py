@@ -11,12 +11,13 @@ answered through the protocol table (default_session.py), and a model's own stre
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Callable
 
 # RFC 6455's close codes by name (NORMAL_CLOSURE, GOING_AWAY, POLICY_VIOLATION,
 # MESSAGE_TOO_BIG, INTERNAL_ERROR, TRY_AGAIN_LATER, ...): wsproto's table, not a copy.
 from wsproto.frame_protocol import CloseReason
+
+from smserve.core.context import RequestContext
 
 __all__ = ["CloseReason", "Closing", "MAX_PENDING", "Send", "Session", "SessionContext"]
 
@@ -40,15 +41,25 @@ class Closing(Exception):
         self.reason = reason
 
 
-@dataclass
-class SessionContext:
-    """What a stream_fn knows of its connection."""
+class SessionContext(RequestContext):
+    """What a stream_fn knows of its connection: a request context (core/context.py) of
+    its handshake (SageMaker's headers, `path`, `query_string` and `query`), with the
+    client's address and whether the server is shutting down. The handshake's answer is
+    sent before the session starts: `response_custom_attributes` is not sent."""
 
-    query: dict[str, str]
-    headers: dict[str, str]
-    peer: str
-    # Set when the server begins to shut down (SIGTERM): finish, the messages end soon.
-    shutting_down: bool = False
+    __slots__ = ("peer", "shutting_down")
+
+    def __init__(self, headers, path: str = "", query_string: str = "", peer: str = "",
+                 target_model: str | None = None):
+        super().__init__(headers, path, query_string, target_model)
+        self.peer = peer
+        # Set when the server begins to shut down (SIGTERM): finish, the messages end soon.
+        self.shutting_down = False
+
+    def for_message(self) -> RequestContext:
+        """A default session's message's own context (a hook may set its attributes):
+        the handshake's headers, path and query, shared, not copied."""
+        return RequestContext(self.headers, self.path, self.query_string, self._target_model)
 
 
 class Session:
