@@ -1,13 +1,13 @@
 """The WebSocket transport (RFC 6455) of bidirectional streaming: SageMaker's
 InvokeEndpointWithBidirectionalStream.
 
-SageMaker opens a WebSocket to `/invocations-bidirectional-stream` on the serving port,
-with the caller's query string, and maps payload parts to frames one to one: UTF8 parts
-are text frames, BINARY parts binary frames, a run of PARTIAL parts one fragmented
-message. This module is the connection's side, as uvicorn keeps wsproto's framing
-apart from the app: the handshake, frames in and out (wsproto), pings, sends that must
-make progress within the send deadline, the closing handshake, and the drain at
-SIGTERM. What messages mean is the session's (streaming/: default sessions and a
+SageMaker opens a WebSocket to `/invocations-bidirectional-stream` on the serving port
+(or the path its caller chose: any path that is not a route), with the caller's query
+string, and maps payload parts to frames one to one: UTF8 parts are text frames, BINARY
+parts binary frames, a run of PARTIAL parts one fragmented message. This module is the
+connection's side, as uvicorn keeps wsproto's framing apart from the app: the
+handshake, frames in and out (wsproto), pings, sends that must make progress within the
+send deadline, the closing handshake, and the drain at SIGTERM. What messages mean is the session's (streaming/: default sessions and a
 model's stream_fn); it gets each complete message and hands back what to send.
 
 A session runs in the worker's gevent loop like any connection. It ends with a close
@@ -39,11 +39,12 @@ from smserve import metrics
 from smserve.http import access, turns
 from smserve.http.body import joined_headers
 from smserve.http.sending import SendTimeout, reset_on_close
-from smserve.http.websocket_handshake import PATH, HandshakeRefused, accept_response, check_handshake
+from smserve.http.websocket_handshake import (PATH, HandshakeRefused, accept_response, check_handshake,
+                                              offers_websocket)
 from smserve.streaming.handlers import open_session
 from smserve.streaming.session import CloseReason, Closing, SessionContext
 
-__all__ = ["PATH", "serve"]
+__all__ = ["PATH", "offers_websocket", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class WebSocket:
         # client's Close, and a default session still answers what came before it.
         self.frames = FrameProtocol(client=False, extensions=[])
         self.leftover = leftover
-        # The handshake's path, query and headers.
+        # The handshake's path and query (the caller may choose both), and its headers.
         self.context = SessionContext(joined_headers(req), req.path, req.query or "", access.peer(addr))
         self.session = None  # streaming.session.Session, once open
         self.write_lock = Semaphore()

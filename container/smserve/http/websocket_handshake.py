@@ -9,6 +9,8 @@ from http import HTTPStatus
 
 from wsproto.utilities import generate_accept_token
 
+# SageMaker's path; the caller may choose another (X-Amzn-SageMaker-Model-Invocation-Path):
+# any path that is not a route of the table takes a handshake (offers_websocket).
 PATH = "/invocations-bidirectional-stream"
 
 
@@ -22,6 +24,15 @@ class HandshakeRefused(Exception):
         self.headers = headers or {}
 
 
+def offers_websocket(req) -> bool:
+    """The request asks to switch to WebSocket (Upgrade lists it): on a path of no route,
+    it opens a session there. A scan of the head's few fields, no allocation."""
+    for name, value in req.headers:
+        if name == "UPGRADE" and "websocket" in value.lower():
+            return True
+    return False
+
+
 def check_handshake(req) -> str:
     """The request's Sec-WebSocket-Key, once the request is a handshake we take;
     HandshakeRefused otherwise."""
@@ -33,14 +44,14 @@ def check_handshake(req) -> str:
         return ",".join(headers.get(name, ()))
 
     if req.method != "GET":
-        raise HandshakeRefused(HTTPStatus.METHOD_NOT_ALLOWED, f"{PATH} takes a WebSocket handshake (GET), not "
+        raise HandshakeRefused(HTTPStatus.METHOD_NOT_ALLOWED, f"{req.path} takes a WebSocket handshake (GET), not "
                                f"{req.method}", {"Allow": "GET"})
     connection = [token.strip().lower() for token in one("CONNECTION").split(",")]
     # Upgrade is a list of protocols the client could switch to (RFC 9110 7.8): it
     # offers WebSocket if the list holds it (RFC 6455 4.2.1), whatever else it offers.
     offered = [token.strip().lower() for token in one("UPGRADE").split(",")]
     if "websocket" not in offered or "upgrade" not in connection:
-        raise HandshakeRefused(HTTPStatus.UPGRADE_REQUIRED, f"{PATH} speaks WebSocket only: send Upgrade: websocket "
+        raise HandshakeRefused(HTTPStatus.UPGRADE_REQUIRED, f"{req.path} speaks WebSocket only: send Upgrade: websocket "
                                "and Connection: Upgrade", {"Upgrade": "websocket", "Sec-WebSocket-Version": "13"})
     if one("SEC-WEBSOCKET-VERSION").strip() != "13":
         raise HandshakeRefused(HTTPStatus.UPGRADE_REQUIRED, "only WebSocket version 13 (RFC 6455) is spoken",

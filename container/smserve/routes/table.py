@@ -121,6 +121,11 @@ class RouteTable:
                 return route, {name: unquote(value) for name, value in found.groupdict().items()}
         return None, {}
 
+    def has_path(self, path: str) -> bool:
+        """Some route answers this path, whatever the method (a WebSocket handshake on it
+        is that route's request, not a session)."""
+        return path in self._static or any(route.regex.match(path) for route in self._patterned)
+
     def dispatch(self, route: Route, request: Request) -> Response:
         """The route's answer; any error it raises becomes its JSON answer here."""
         try:
