@@ -315,11 +315,12 @@ class GeventModelWorker(base.Worker):
         started = time.monotonic()
         if req.version > (1, 1):
             req.version = (1, 1)  # a later HTTP/1.x is answered in the version we speak
-        if req.path == websocket.PATH or (websocket.offers_websocket(req) and not self.settings.multi_model
-                                          and not self.routes.has_path(req.path)):
-            # SageMaker's path, or a handshake on a path the caller chose (any that is not
-            # a route: /ping with an Upgrade header is still /ping). Sessions are for
-            # single-model endpoints (SageMaker's bidirectional streams take no TargetModel).
+        if req.path == websocket.PATH or (req.method == "GET" and websocket.offers_websocket(req)
+                                          and not self.settings.multi_model and not self.routes.has_path(req.path)):
+            # SageMaker's path, or a handshake (a GET: a POST /invocations is never looked
+            # at) on a path the caller chose, any that is not a route: /ping with an Upgrade
+            # header is still /ping. Sessions are for single-model endpoints (SageMaker's
+            # bidirectional streams take no TargetModel).
             return self._open_session(req, sock, addr, parser, started)
         answered = _Answered()
         try:
