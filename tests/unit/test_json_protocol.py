@@ -19,7 +19,7 @@ class _Server:
     """What Json.answer asks of the server, with the codec steps it takes recorded."""
 
     metadata = MODEL
-    uses_byte_hooks = has_input_fn = streams = False
+    uses_byte_hooks = has_input_fn = streams = predict_context = False
 
     def __init__(self, body: bytes):
         self.body = body
@@ -36,7 +36,7 @@ class _Server:
     def passes(self, inputs):
         return 1
 
-    def infer(self, inputs):
+    def infer(self, inputs, context=None):
         return {"y": inputs["x"] * 2}
 
 

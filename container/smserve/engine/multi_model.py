@@ -28,6 +28,7 @@ import tempfile
 import time
 
 import gevent
+from gevent.event import Event
 from gevent.lock import Semaphore
 from gevent.threadpool import ThreadPool
 
@@ -75,6 +76,7 @@ class MultiModelServer:
         self._failed: set[tuple[str, str]] = set()  # loads that failed in this process
         self._synced = False
         self._seen: int | None = None  # the shared folder's version at the last read
+        self._prepared = Event()  # torch is in: loads may begin
         self.status = READY
 
     # ------------------------------------------------------------ worker lifecycle
@@ -104,12 +106,15 @@ class MultiModelServer:
     def _follow(self) -> None:
         import gc
 
-        import torch  # noqa: F401 - in before the first model, so its footprint is the model's own
-
+        # torch comes in before the first model, so that model's footprint is its own;
+        # on a thread, since an import of seconds on the loop would stall /ping, which
+        # SageMaker sends from the start (the server is up with no model).
+        self.codec_pool.apply(_import_torch)
+        self._prepared.set()
         # What the start created (torch and every module) stays out of the collector's
         # passes: each unload's collection then looks at what models made, not at a
-        # million objects that live as long as the worker.
-        gc.collect()
+        # million objects that live as long as the worker. (No collection first: it
+        # would hold the loop as long.)
         gc.freeze()
 
         while True:
@@ -200,6 +205,7 @@ class MultiModelServer:
     def load(self, name: str, url: str) -> None:
         """POST /models: returns once every worker has loaded and warmed the model."""
         _check_model_folder(url)
+        self._prepared.wait()  # (a call in the worker's first seconds, while torch comes in)
         self._check_room_before()
         entry = self.shared.claim(name, url)
         try:
@@ -308,6 +314,10 @@ class MultiModelServer:
         if any(used.get(kind, 0) >= limit for kind, limit in room.items()):
             raise InsufficientStorage("no room for another model: the loaded ones fill the room "
                                       f"({room['host'] / memory.MB:.0f} MB of host memory); unload one first")
+
+
+def _import_torch() -> None:
+    import torch  # noqa: F401
 
 
 def _check_model_folder(url: str) -> None:
