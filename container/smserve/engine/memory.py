@@ -81,11 +81,26 @@ def gpu_room() -> dict[int, int]:
 def give_back() -> None:
     """Return freed heap to the system after an unload: glibc keeps freed small blocks in
     its arenas, so without this a worker's RSS would only grow over load/unload cycles.
-    (Large tensors are mmap'd and return when freed.)"""
+    (Large tensors are mmap'd and return when freed.) collect() then trim(); a gevent
+    worker runs trim() on a thread (engine/multi_model.py)."""
+    collect()
+    trim()
+
+
+def collect() -> None:
+    """What an unloaded model left in reference cycles, freed. Holds the GIL throughout,
+    for as long as the objects the collector looks at take: a worker freezes what its
+    start made (gc.freeze) so that this is about the models' objects only."""
     import gc
-    import sys
 
     gc.collect()
+
+
+def trim() -> None:
+    """Freed heap (and CUDA's cached blocks) back to the system. malloc_trim runs in C
+    without the GIL (ctypes releases it): it may run on a thread beside the event loop."""
+    import sys
+
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -26,6 +26,7 @@ import logging
 import os
 import tempfile
 import time
+import warnings
 
 import gevent
 from gevent.event import Event
@@ -108,13 +109,16 @@ class MultiModelServer:
 
         # torch comes in before the first model, so that model's footprint is its own;
         # on a thread, since an import of seconds on the loop would stall /ping, which
-        # SageMaker sends from the start (the server is up with no model).
-        self.codec_pool.apply(_import_torch)
+        # SageMaker sends from the start (the server is up with no model). A rehearsal
+        # load of two tiny models (engine/multi_model._prepare) brings in what a load
+        # imports on top of torch.
+        self.codec_pool.apply(_prepare)
         self._prepared.set()
-        # What the start created (torch and every module) stays out of the collector's
-        # passes: each unload's collection then looks at what models made, not at a
-        # million objects that live as long as the worker. (No collection first: it
-        # would hold the loop as long.)
+        # What the start created (torch, every module a load needs) stays out of the
+        # collector's passes: each unload's collection then looks at what models made,
+        # not at the ~340,000 objects that live as long as the worker (a full pass over
+        # them held the loop ~100 ms per unload, /ping's p99 while models unloaded).
+        # (No collection first: it would hold the loop as long.)
         gc.freeze()
 
         while True:
@@ -177,7 +181,8 @@ class MultiModelServer:
             server.load()
             if server.status == FAILED:
                 server.close()
-                memory.give_back()
+                memory.collect()
+                self.codec_pool.apply(memory.trim)
                 self._failed.add((entry.name, entry.generation))
                 self.shared.ack(entry, self.worker_index, {"ok": False, "error": server.error})
                 return
@@ -196,7 +201,11 @@ class MultiModelServer:
         self.models.pop(local.entry.name, None)
         local.server.close()
         local.server = None
-        memory.give_back()
+        # The collection runs on the loop (on a thread it would hold the GIL as long),
+        # and is short: what the start made is frozen (_follow). malloc_trim walks the
+        # heap in C without the GIL: on a thread, the loop goes on meanwhile.
+        memory.collect()
+        self.codec_pool.apply(memory.trim)
         self.shared.unack(local.entry, self.worker_index)
         log.info("multi-model: %r unloaded", local.entry.name)
 
@@ -316,8 +325,39 @@ class MultiModelServer:
                                       f"({room['host'] / memory.MB:.0f} MB of host memory); unload one first")
 
 
-def _import_torch() -> None:
-    import torch  # noqa: F401
+def _prepare() -> None:
+    """Imports torch, then loads and warms a tiny TorchScript and a tiny torch.export
+    model (Linear(2, 2)) the way a real model loads, and drops them: a load's first
+    call of the export deserialiser pulls in ~1,200 more modules (torch._dynamo,
+    torch._inductor, sympy, networkx: ~150,000 objects). Brought in here, before
+    gc.freeze(), they are frozen with torch; brought in by the first real model they
+    would stay in every later collection (each unload's, engine/memory.give_back), ~100
+    ms each on the event loop. Costs ~2 s of one core at the start, on this thread, and
+    what a first export model's load adds to a worker's memory anyway (~100 MB); a
+    rehearsal that fails only leaves those modules to the first load."""
+    import torch
+
+    from smserve.engine import loaded_model
+
+    quiet = logging.getLogger(loaded_model.__name__)
+    try:
+        with tempfile.TemporaryDirectory(prefix="smserve-rehearsal-") as folder, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tiny, example = torch.nn.Linear(2, 2).eval(), (torch.zeros(1, 2),)
+            for sub, save in (("script", lambda path: torch.jit.save(torch.jit.script(tiny), path + "/model.pt")),
+                              ("export", lambda path: torch.export.save(torch.export.export(tiny, example),
+                                                                        path + "/model.pt2"))):
+                path = os.path.join(folder, sub)
+                os.mkdir(path)
+                save(path)
+                quiet.disabled = True
+                try:
+                    loaded_model.load_and_warm(path, torch.device("cpu"))
+                finally:
+                    quiet.disabled = False
+    except Exception as e:  # noqa: BLE001 - an optimisation: the server serves without it
+        log.warning("multi-model: the start's rehearsal load failed (%s: %s); the first model's load "
+                    "brings in what it needs", type(e).__name__, e)
 
 
 def _check_model_folder(url: str) -> None:
