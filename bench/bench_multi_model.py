@@ -2,6 +2,7 @@
 many models loaded, an LRU rotation through a small room, /ping while models load.
 
     .venv/bin/python bench/bench_multi_model.py [--seconds 5] [--concurrency 16] [--rotation 1000]
+    .venv/bin/python bench/bench_multi_model.py --only ping [--cold 10] [--cold-big 4] [--room 20]
 
 One server of WORKERS workers (2) in multi-model mode, and for the comparison one
 single-model server of the same workers serving the same model, driven by the same
@@ -19,6 +20,10 @@ client (`hey`, apt-get install hey: one digit a request):
   every step unpacks, unloads one, loads one and invokes it; models/s;
 - /ping p50/p99 (every 20 ms, kept-alive) during the cold loads, during loads alone and
   unloads alone, and during the rotation.
+
+--only ping: the /ping rows alone, in well under a minute: the cold loads (load, invoke,
+unload), then ROOM loads one after another and their unloads one after another, each
+with its /ping p50/p99/max (no single-model server, no hey, no rotation).
 
 Prints one table; the figures for this machine are in docs/performance.md.
 """
@@ -95,7 +100,11 @@ def main() -> None:
     parser.add_argument("--cold-big", type=int, default=8, help="cold loads of the ~100 MB model")
     parser.add_argument("--rotation", type=int, default=1000, help="models in the LRU rotation")
     parser.add_argument("--room", type=int, default=20, help="models the rotation's LRU keeps loaded")
+    parser.add_argument("--only", choices=("ping",), help="ping: only /ping while models load and unload")
+    parser.add_argument("--log", type=Path, help="--only ping: keep the server's log here")
     args = parser.parse_args()
+    if args.only == "ping":
+        return ping_only(args)
     if shutil.which("hey") is None:
         sys.exit("bench_multi_model needs hey: apt-get install -y hey")
     if not EXAMPLE_ARCHIVE.exists():
@@ -193,6 +202,52 @@ def main() -> None:
             print(f"{name:{width}}  {value}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def ping_only(args) -> None:
+    """--only ping: /ping while models load and unload, and nothing else."""
+    if not EXAMPLE.exists():
+        sys.exit("bench_multi_model needs the example model: make model")
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="bench_mme_"))
+    try:
+        body = json.dumps({"instances": digits(1).tolist()}).encode()
+        big = work / "big"
+        big.mkdir()
+        torch.jit.save(torch.jit.script(torch.nn.Linear(5120, 5120)), str(big / "model.pt"))
+        big_body = json.dumps({"instances": [[0.5] * 5120]}).encode()
+        rows: list[tuple[str, str]] = []
+        with server(work / "none", args.workers, True, work / "mme.log") as mme:
+            load(mme.url, "first", EXAMPLE)
+            unload(mme.url, "first")
+            with Pinger(mme.url + "/ping", period=0.02, timeout=10) as cold:
+                cold_loads(mme.url, EXAMPLE, body, args.cold, "digits")
+                cold_loads(mme.url, big, big_body, args.cold_big, "big")
+            rows.append((f"/ping while {args.cold} digits + {args.cold_big} big models load, answer, unload",
+                         _pings(cold)))
+            with Pinger(mme.url + "/ping", period=0.02, timeout=10) as loading:
+                for i in range(args.room):
+                    load(mme.url, f"m{i:03d}", EXAMPLE)
+            rows.append((f"/ping while {args.room} models load one after another", _pings(loading)))
+            with Pinger(mme.url + "/ping", period=0.02, timeout=10) as unloading:
+                for i in range(args.room):
+                    unload(mme.url, f"m{i:03d}")
+            rows.append((f"/ping while they unload one after another", _pings(unloading)))
+        if args.log:
+            shutil.copy(work / "mme.log", args.log)
+        print(f"multi-model endpoint, {args.workers} workers, {os.cpu_count()} cores, /ping every 20 ms")
+        width = max(len(name) for name, _ in rows)
+        for name, value in rows:
+            print(f"{name:{width}}  {value}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _pings(pinger: Pinger) -> str:
+    lat = pinger.latencies
+    return (f"p50 {pct(lat, 50):.1f} ms, p99 {pct(lat, 99):.1f} ms, max {max(lat, default=0):.0f} ms, "
+            f"{len(lat)} pings, {pinger.failures} failed")
 
 
 def _bad(result: dict) -> str:
