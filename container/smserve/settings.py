@@ -67,6 +67,9 @@ class Settings:
     # max_batch_size) and how long the first request of a batch may wait for company.
     max_batch_size: int | None = None
     max_batch_delay_ms: float = 0.0
+    # A forward pass of a CPU model measured shorter than this runs on the event loop's
+    # thread instead of being handed to the inference thread (Runner._forward); 0: never.
+    inline_pass_ms: float = 1.0
     # Slow clients: the request head must arrive within header_timeout seconds, the
     # body within body_timeout (well under SageMaker's 60 s invocation limit); at most
     # max_connections per worker, the longest-waiting evicted first at the cap.
@@ -265,6 +268,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "max_request_mb": (PREFIX + "MAX_REQUEST_MB", _positive_int),
     "max_batch_size": (PREFIX + "MAX_BATCH_SIZE", _positive_int),
     "max_batch_delay_ms": (PREFIX + "MAX_BATCH_DELAY_MS", _delay_ms),
+    "inline_pass_ms": (PREFIX + "INLINE_PASS_MS", _delay_ms),
     "header_timeout": (PREFIX + "HEADER_TIMEOUT", _seconds),
     "body_timeout": (PREFIX + "BODY_TIMEOUT", _seconds),
     "send_timeout": (PREFIX + "SEND_TIMEOUT", _seconds),

@@ -34,7 +34,7 @@ def test_the_runner_assembles_a_batch_through_the_stage_hook_on_the_inference_th
 
     runner = Runner()
     runner.start(predict, max_batch_size=64, stage=stage)
-    runner.pool.apply(lambda: gevent.sleep(0))  # the pool thread exists before the requests
+    runner.call(lambda: None)  # the inference thread has run before the requests
     hold = runner.model_lock
     hold.acquire()  # the first request's pass waits, so the others queue and batch together
     try:
@@ -153,7 +153,7 @@ def test_batched_requests_go_through_the_staging_buffer_and_split_back():
 
     runner = Runner()
     runner.start(loaded.predict, max_batch_size=64, stage=stage)
-    runner.pool.apply(lambda: None)
+    runner.call(lambda: None)
     requests = [{"x": np.full((i + 1, 3), i, np.float32), "mask": np.full((i + 1, 3), 10 * i, np.int64)}
                 for i in range(6)]
     runner.model_lock.acquire()  # hold the first pass so the rest queue up and batch

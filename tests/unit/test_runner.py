@@ -113,3 +113,122 @@ def test_model_code_runs_below_the_event_loops_cpu_priority():
     expected = min(19, loop_nice + runner_module.INFERENCE_NICE)
     assert (own, started) == (expected, expected)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
+
+
+# ---------------------------------------------------------------- passes on the loop's thread
+
+
+class ThreadModel:
+    """Says which thread ran each pass; each pass takes at least `delay` seconds."""
+
+    def __init__(self, delay=0.0):
+        self.threads = []
+        self.delay = delay
+
+    def __call__(self, inputs):
+        self.threads.append(threading.get_ident())
+        if self.delay:
+            time.sleep(self.delay)
+        return {"y": inputs["x"] + 1}
+
+
+def _fresh_loop_turn():
+    gevent.sleep(0.001)  # the loop polls its sockets: as between requests
+
+
+@pytest.mark.parametrize("max_batch", [0, 4])
+def test_a_pass_measured_short_runs_on_the_loops_thread_the_first_of_its_size_does_not(max_batch):
+    model = ThreadModel()
+    runner = Runner()
+    runner.start(model, max_batch_size=max_batch, inline_pass_s=0.5)
+    here = threading.get_ident()
+    x = np.zeros((4, 2), np.float32)
+    for _ in range(3):
+        _fresh_loop_turn()
+        np.testing.assert_array_equal(runner.infer({"x": x})["y"], x + 1)
+    assert model.threads[0] != here  # not measured yet: the inference thread
+    assert model.threads[1:] == [here, here]
+    # Another size (another bit length of rows) is measured on its own first.
+    _fresh_loop_turn()
+    runner.infer({"x": np.zeros((1, 2), np.float32)})
+    assert model.threads[3] != here
+
+
+def test_a_pass_measured_long_stays_on_the_inference_thread():
+    model = ThreadModel(delay=0.02)
+    runner = Runner()
+    runner.start(model, max_batch_size=0, inline_pass_s=0.01)
+    for _ in range(3):
+        _fresh_loop_turn()
+        runner.infer({"x": np.zeros((2, 2), np.float32)})
+    assert threading.get_ident() not in model.threads
+
+
+def test_without_an_inline_limit_every_pass_goes_to_the_inference_thread():
+    model = ThreadModel()
+    runner = Runner()
+    runner.start(model, max_batch_size=0)
+    for _ in range(3):
+        _fresh_loop_turn()
+        runner.infer({"x": np.zeros((2, 2), np.float32)})
+    assert threading.get_ident() not in model.threads
+
+
+def test_a_loop_that_has_not_polled_lately_hands_the_pass_to_the_thread():
+    """A run of inline passes must not keep /ping waiting: once the loop has gone
+    INLINE_POLL_S without polling its sockets, the next pass goes to the thread (and
+    the loop polls while it runs)."""
+    from smserve.engine import runner as runner_module
+
+    model = ThreadModel()
+    runner = Runner()
+    runner.start(model, max_batch_size=0, inline_pass_s=0.5)
+    x = np.zeros((2, 2), np.float32)
+    runner.infer({"x": x})  # measured
+    _fresh_loop_turn()
+    runner.infer({"x": x})
+    assert model.threads[-1] == threading.get_ident()
+    busy_until = time.monotonic() + 2 * runner_module.INLINE_POLL_S
+    while time.monotonic() < busy_until:  # this greenlet's own work, without a yield
+        pass
+    runner.infer({"x": x})
+    assert model.threads[-1] != threading.get_ident()
+
+
+def test_a_model_held_by_another_thread_is_waited_for_on_the_inference_thread_not_the_loop():
+    model = ThreadModel()
+    runner = Runner()
+    runner.start(model, max_batch_size=0, inline_pass_s=0.5)
+    x = np.zeros((2, 2), np.float32)
+    runner.infer({"x": x})
+    holding, release = threading.Event(), threading.Event()
+
+    def session_step():  # a stream_fn session's step, on a thread of its own
+        with runner.model_lock:
+            holding.set()
+            release.wait(5)
+
+    other = threading.Thread(target=session_step)
+    other.start()
+    holding.wait(5)
+    ticks = []
+    ticker = gevent.spawn(lambda: [ticks.append(gevent.sleep(0.005)) for _ in range(10)])
+    gevent.spawn_later(0.1, release.set)
+    _fresh_loop_turn()
+    out = runner.infer({"x": x})
+    other.join()
+    ticker.join()
+    np.testing.assert_array_equal(out["y"], x + 1)
+    assert model.threads[-1] != threading.get_ident()
+    assert len(ticks) == 10  # the loop kept running while the pass waited for the model
+
+
+def test_requests_that_each_fill_a_pass_get_their_own_answers():
+    model = RecordingModel(delay=0.005)
+    runner = Runner()
+    runner.start(model, max_batch_size=8, inline_pass_s=0.5)
+    requests = [np.full((8, 3), i, dtype=np.float32) for i in range(6)]
+    jobs = run_concurrently(runner, requests)
+    for request, job in zip(requests, jobs):
+        np.testing.assert_array_equal(job.value["y"], request * 2)
+    assert model.batches == [8] * 6

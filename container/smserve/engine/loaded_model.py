@@ -22,7 +22,6 @@ import contextlib
 import logging
 import os
 import time
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +67,16 @@ class LoadedModel:
     uncompiled: object = None
     # What SMSERVE_COMPILE achieved: "off", the mode, or "failed" (serving uncompiled).
     compiled: str = "off"
+
+    @property
+    def may_run_inline(self) -> bool:
+        """Its forward passes may run on the event loop's thread (Runner._forward): a CPU
+        model run by our own forward. Not a GPU one (the CUDA device and streams are the
+        inference thread's), not a compiled one (a recompile would hold the loop for
+        seconds), not a predict_fn of the user's (its code may rely on the thread that
+        ran model_fn, as torch's grad mode does)."""
+        return (self.device.type == "cpu" and self.staging is None and self.hooks.predict_fn is None
+                and self.compiled in ("off", "failed"))
 
     def predict(self, inputs: dict[str, np.ndarray], context=None) -> dict[str, np.ndarray]:
         """Run the model (or the user's predict_fn) on named arrays; named arrays back,
@@ -129,12 +138,13 @@ class LoadedModel:
             tensor = torch.from_numpy(array).to(self.device, non_blocking=True)
             self.staging.copied(name, self.device)
             return tensor
-        if not array.flags.writeable or not array.flags.aligned:
-            # Views on the request body are read-only; torch wants memory it may write.
+        flags = array.flags
+        if not flags.writeable or not flags.aligned:
+            # Views on the request body are read-only; torch wants memory it may write
+            # (and warns of any other).
             array = array.copy()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return torch.from_numpy(array).to(self.device, non_blocking=True)
+        tensor = torch.from_numpy(array)
+        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
     def outputs_to_numpy(self, prediction) -> dict[str, np.ndarray]:
         names = [spec.name for spec in self.metadata.outputs]

@@ -1,9 +1,10 @@
 """Feeds the model from one real OS thread, batching requests that arrive together.
 
 HTTP I/O runs in gevent greenlets; a forward pass would stall them all, so every call
-into the model goes through a one-thread gevent ThreadPool. The batcher itself is a
-greenlet: requests queue up while a forward pass runs, and the next pass takes as many
-as fit in the model's max batch size, concatenated along dimension 0.
+into the model runs on the inference thread (model_thread.py). Requests queue up for
+the batcher greenlet, whose next pass takes as many as fit in the model's max batch
+size, concatenated along dimension 0; one that fills a pass by itself and finds the
+model idle goes straight to a pass of its own.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Callable, Iterator
 
 import gevent
 import numpy as np
+from gevent import get_hub
 from gevent.event import AsyncResult
+from gevent.lock import Semaphore
 from gevent.queue import Queue
-from gevent.threadpool import ThreadPool
 from gevent import monkey
 
 from smserve import metrics
+from smserve.engine.model_thread import ModelThread
 from smserve.errors import BadRequest, HTTPError, ServerError
 
 log = logging.getLogger(__name__)
@@ -48,10 +51,9 @@ class _Pending:
 
 class Runner:
     def __init__(self, max_batch_size: int = 0, max_delay_s: float = 0.0):
-        self.pool = ThreadPool(1)
         # The inference thread's first task, before any model code: threads it starts
         # (torch's intra-op pool) inherit its priority.
-        self.pool.spawn(yield_cpu_to_the_loop)
+        self.thread = ModelThread(first=yield_cpu_to_the_loop)
         # Held by whatever thread runs model code: the inference thread here, and the
         # session threads of stream_fn sessions (websocket.py) while their code runs.
         self.model_lock = _RealLock()
@@ -60,30 +62,39 @@ class Runner:
         self.batched_passes = 0
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
+        # Forward passes that take less than this run on the event loop's own thread
+        # (start: 0 for a model they may not); see _forward.
+        self.inline_pass_s = 0.0
+        self._pass_s: dict[int, float] = {}  # the last pass's seconds, by the bit length of its rows
+        self._loop = get_hub().loop
         self._predict: Callable[[Arrays], Arrays] | None = None
         self._stage: Stage = _concatenate
         self._queue: Queue = Queue()
         self._held: _Pending | None = None  # taken from the queue but did not fit the last batch
+        # Held by whichever runs a forward pass: the batcher, or a request that found the
+        # model idle and went straight to a pass of its own.
+        self._gate = Semaphore(1)
         self._batcher = None
         # The model's metrics (its name is known once it is loaded: start).
         self.stats = metrics.ModelStats(None)
 
     def call(self, fn: Callable, *args):
         """Run fn on the inference thread; the calling greenlet waits, the loop does not.
-        fn's exception is raised here, in the caller. It travels back as a value: raised
-        out of a pool's function, gevent's hub prints its own traceback to stderr
-        ("<ThreadPoolWorker> failed with ..."), as plain text whatever the log format,
-        for what is often a 400 or a 500 logged already."""
-        ok, value = self.pool.apply(_holding, (self.model_lock, fn, args))
+        fn's exception is raised here, in the caller (it travels back as a value, so
+        nothing prints a traceback of its own for what is often a 400 or a 500 logged
+        already)."""
+        ok, value = self.thread.call(_holding, self.model_lock, fn, args)
         if ok:
             return value
         raise value
 
     def start(self, predict: Callable[[Arrays], Arrays], max_batch_size: int | None = None,
-              stage: Stage | None = None, name: str | None = None) -> None:
+              stage: Stage | None = None, name: str | None = None, inline_pass_s: float = 0.0) -> None:
         """stage: where a batch's inputs are concatenated (a GPU model's pinned buffers).
         name: the model's, which labels its metrics. Whoever unloads the model later
-        says so with `runner.stats.ready(False)`; its counters stay."""
+        says so with `runner.stats.ready(False)`; its counters stay. inline_pass_s: a
+        pass measured shorter than this runs on the loop's thread (0: never)."""
+        self.inline_pass_s = inline_pass_s
         if name is not None:
             self.stats = metrics.model(name)
             self.stats.ready(True)
@@ -102,7 +113,7 @@ class Runner:
             self._batcher.kill()
             self._batcher = None
         self._predict = None
-        self.pool.kill()
+        self.thread.stop()
 
     def infer(self, inputs: Arrays, context=None) -> Arrays:
         """Named arrays in, named arrays out, batched with whatever else is waiting.
@@ -126,12 +137,21 @@ class Runner:
             raise ServerError("model is not loaded")
         if self.max_batch_size <= 0 or not inputs:
             try:
-                yield self.call_pass(self._predict, inputs, context, records=lambda: records_in(inputs))
+                yield self._pass(records_in(inputs), self._predict, inputs, context)
             except HTTPError as e:
                 log_model_failure(e)
                 raise
             return
         rows = _rows(inputs)
+        if rows == self.max_batch_size and self._idle():
+            # A request that fills a pass by itself, with no pass to wait for: nothing can
+            # join it, so it skips the batcher's queue and hand-offs. (A smaller request
+            # is queued even when the model is idle: requests read in the same turn of
+            # the loop join it there, where going straight to a pass of its own made
+            # them wait for it and ran more, smaller passes: 15 % fewer req/s at batch 1.)
+            # Requests that arrive meanwhile queue up for the batcher.
+            yield self._pass_alone(inputs, rows)
+            return
         chunks = [
             _Pending({k: v[start : start + self.max_batch_size] for k, v in inputs.items()},
                      min(self.max_batch_size, rows - start))
@@ -147,33 +167,91 @@ class Runner:
             self.stats.pending(-1)
 
     def call_pass(self, fn: Callable, *args, records: Callable[[], int]):
-        """fn on the inference thread as one forward pass outside the batcher (an
-        unbatched model, a user's hooks), counted as the batcher counts its passes.
-        records(): how many records the pass held, asked once it ended well."""
+        """fn on the inference thread as one pass outside the batcher (a user's hooks),
+        counted as the batcher counts its passes. records(): how many records the pass
+        held, asked once it ended well."""
         queued = time.monotonic()
         self.stats.pending(1)
         try:
-            started, result = self.call(_timed, fn, args)
+            started, result, _ = self.call(_timed, fn, args)
         finally:
             self.stats.pending(-1)
         self.stats.waited(queued, started)
         self.stats.ran(records())
         return result
 
+    def _pass(self, rows: int, fn: Callable, *args):
+        """One forward pass outside the batcher (an unbatched model, a request that
+        fills a pass alone), counted as the batcher counts its passes."""
+        queued = time.monotonic()
+        self.stats.pending(1)
+        try:
+            started, result = self._forward(rows, fn, args)
+        finally:
+            self.stats.pending(-1)
+        self.stats.waited(queued, started)
+        self.stats.ran(rows)
+        return result
+
+    def _forward(self, rows: int, fn: Callable, args: tuple) -> tuple[float, object]:
+        """fn(*args), a forward pass of `rows` records, and when it started: on the
+        inference thread, or, when the last pass of about as many rows (the same bit
+        length) took less than inline_pass_s, right here on the loop's thread.
+
+        A hand-off to the inference thread and back costs two thread switches and the
+        GIL passing twice each way; on one core that was more than a small model's whole
+        forward pass (docs/performance.md: +30 % req/s at batch 1 and 256 inline). The
+        loop is held meanwhile, so a pass runs inline only while (a) passes of its size
+        are measured short, (b) the loop has polled its sockets within INLINE_POLL_S
+        (else this pass goes to the thread, and the loop polls while it runs: /ping is
+        never kept waiting behind a run of inline passes), and (c) no other thread
+        holds the model (a stream_fn session's step): the loop never blocks on it."""
+        bucket = rows.bit_length()
+        took = self._pass_s.get(bucket)
+        if (took is not None and took < self.inline_pass_s and time.time() - self._loop.now() < INLINE_POLL_S
+                and self.model_lock.acquire(False)):
+            try:
+                started = time.monotonic()
+                try:
+                    return started, fn(*args)
+                finally:
+                    self._pass_s[bucket] = time.monotonic() - started
+            finally:
+                self.model_lock.release()
+        started, result, self._pass_s[bucket] = self.call(_timed, fn, args)
+        return started, result
+
+    def _idle(self) -> bool:
+        """No pass runs, none is queued and no delay asks to gather: a request may run alone."""
+        return self.max_delay_s <= 0 and not self._gate.locked() and self._held is None and not self._queue.qsize()
+
+    def _pass_alone(self, inputs: Arrays, rows: int) -> Arrays:
+        with self._gate:
+            self.passes_run += 1
+            try:
+                return self._pass(rows, self._predict, inputs)
+            except HTTPError as e:
+                log_model_failure(e)
+                raise
+
     def _batch_loop(self) -> None:
         while True:
-            batch = self._next_batch()
-            try:
-                self._run(batch)
-            except Exception:  # never let the batcher die: every waiter must get an answer
-                log.exception("batcher failed")
-                for item in batch:
-                    if not item.result.ready():
-                        item.result.set_exception(ServerError("inference failed"))
+            first = self._held or self._queue.get()
+            self._held = None
+            with self._gate:  # a lone request's pass ends first; what queued meanwhile joins
+                self._gather_and_run(first)
 
-    def _next_batch(self) -> list[_Pending]:
-        first = self._held or self._queue.get()
-        self._held = None
+    def _gather_and_run(self, first: _Pending) -> None:
+        batch = self._next_batch(first)
+        try:
+            self._run(batch)
+        except Exception:  # never let the batcher die: every waiter must get an answer
+            log.exception("batcher failed")
+            for item in batch:
+                if not item.result.ready():
+                    item.result.set_exception(ServerError("inference failed"))
+
+    def _next_batch(self, first: _Pending) -> list[_Pending]:
         batch, rows, signature = [first], first.rows, first.signature()
         deadline = time.monotonic() + self.max_delay_s
         while rows < self.max_batch_size:
@@ -203,7 +281,7 @@ class Runner:
             return
         arrays = {name: [item.inputs[name] for item in batch] for name in batch[0].inputs}
         try:
-            outputs = self.call(self._predict_parts, arrays)
+            _, outputs = self._forward(sum(item.rows for item in batch), self._predict_parts, (arrays,))
             parts = _split(outputs, [item.rows for item in batch])
         except Exception as e:  # one request's input may have broken the pass: find it
             log.warning("batched pass of %d requests failed (%s); running them one by one", len(batch), e)
@@ -221,7 +299,7 @@ class Runner:
 
     def _run_alone(self, item: _Pending) -> None:
         try:
-            outputs = self.call(self._predict, item.inputs)
+            _, outputs = self._forward(item.rows, self._predict, (item.inputs,))
             self.stats.ran(item.rows)
             item.result.set(outputs)
         except HTTPError as e:
@@ -238,6 +316,10 @@ class Runner:
 # model still gets every cycle the loop leaves, under a compute-bound load nearly all.
 INFERENCE_NICE = 10
 
+# Inline passes (Runner._forward) run only while the event loop has polled its sockets
+# within this many seconds: a run of them never keeps /ping waiting longer.
+INLINE_POLL_S = 0.002
+
 
 def yield_cpu_to_the_loop() -> None:
     """Lower the calling thread's CPU priority (Linux: nice applies per thread)."""
@@ -250,10 +332,7 @@ def yield_cpu_to_the_loop() -> None:
 
 def _holding(lock, fn, args):
     with lock:
-        try:
-            return True, fn(*args)
-        except Exception as e:  # noqa: BLE001 - raised again by Runner.call, in the caller
-            return False, e
+        return fn(*args)
 
 
 def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
@@ -282,8 +361,11 @@ def log_model_failure(error: HTTPError) -> None:
 
 
 def _timed(fn, args):
-    """fn's result, with when it started (after its wait for the inference thread)."""
-    return time.monotonic(), fn(*args)
+    """When fn started (after its wait for the inference thread), its result, and how
+    many seconds it took."""
+    started = time.monotonic()
+    result = fn(*args)
+    return started, result, time.monotonic() - started
 
 
 def records_in(data) -> int:
@@ -315,6 +397,9 @@ def _split(outputs: Arrays, rows: list[int]) -> list[Arrays]:
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
             raise ValueError(f"output {name!r} has shape {list(array.shape)}, not {total} rows")
-    bounds = np.cumsum(rows)[:-1]
-    per_output = {name: np.split(array, bounds) for name, array in outputs.items()}
-    return [{name: parts[i] for name, parts in per_output.items()} for i in range(len(rows))]
+    parts = []
+    start = 0
+    for n in rows:
+        parts.append({name: array[start:start + n] for name, array in outputs.items()})
+        start += n
+    return parts

@@ -89,8 +89,9 @@ class ModelServer:
         max_batch = self.settings.max_batch_size or self.model.metadata.max_batch_size
         if self.model.metadata.max_batch_size == 0:
             max_batch = 0  # the model takes whole tensors; never concatenate requests
+        inline_s = self.settings.inline_pass_ms / 1000.0 if self.model.may_run_inline else 0.0
         self.runner.start(self.model.predict, max_batch, stage=self.model.stage,
-                          name=self.name or self.model.metadata.name)
+                          name=self.name or self.model.metadata.name, inline_pass_s=inline_s)
         if self.name is None:
             # (Not for a multi-model load: a frozen model could never be freed by an unload.)
             _freeze_heap()

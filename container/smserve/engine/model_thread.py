@@ -1,0 +1,96 @@
+"""The inference thread: one real OS thread that runs every call into the model, and
+the cheapest way for a greenlet to hand it work and get the result back.
+
+gevent's ThreadPool does this in general form: per call it makes a result object with
+its own async watcher, starts it, wakes the thread through a gevent-aware queue and
+adjusts the pool's size; on one core that bookkeeping cost more Python time per
+request than the model's forward pass (docs/performance.md). Here a call is one put on
+a C queue (the thread blocks in its get with the GIL released), and results come back
+through one async watcher made once: the thread appends to a deque and signals it (a
+signal already pending is not repeated), and the loop's callback hands each result to
+the greenlet waiting for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import _queue
+from typing import Callable
+
+from gevent import get_hub, monkey
+from gevent.hub import Waiter
+
+_start_thread = monkey.get_original("_thread", "start_new_thread")
+_STOP = object()
+
+
+class ModelThread:
+    """call(fn, *args) runs fn on the thread and returns (ok, value): fn's result, or the
+    exception it raised (never raised on the thread, where nobody would see it)."""
+
+    def __init__(self, first: Callable[[], None] | None = None):
+        self._tasks = _queue.SimpleQueue()  # the C queue, never gevent's: the thread blocks in get()
+        self._done: collections.deque = collections.deque()
+        # Keeps the loop alive only while a call is out (a waiting greenlet must not see
+        # "this operation would block forever"), not for the thread's whole life.
+        self._signal = get_hub().loop.async_(ref=False)
+        self._signal.start(self._deliver)
+        self._out = 0  # calls handed to the thread whose result has not come back
+        self._stopped = False
+        if first is not None:
+            self._tasks.put((None, first, ()))
+        _start_thread(self._run, ())
+
+    def call(self, fn: Callable, *args) -> tuple[bool, object]:
+        if self._stopped:
+            return False, RuntimeError("the inference thread has stopped")
+        waiter = Waiter()
+        if not self._out:
+            self._signal.ref = True
+        self._out += 1
+        self._tasks.put((waiter, fn, args))
+        return waiter.get()
+
+    def stop(self) -> None:
+        """The thread ends once the calls queued before this one have run."""
+        if not self._stopped:
+            self._stopped = True
+            self._tasks.put(_STOP)
+
+    # ------------------------------------------------------------ the thread's side
+
+    def _run(self) -> None:
+        tasks, done, signal = self._tasks, self._done, self._signal
+        while True:
+            task = tasks.get()
+            if task is _STOP:
+                # The watcher belongs to the loop's thread: closed there, from the loop.
+                done.append(None)
+                signal.send()
+                return
+            waiter, fn, args = task
+            try:
+                result = (True, fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed back to the waiting greenlet
+                result = (False, e)
+            if waiter is None:
+                continue
+            done.append((waiter, result))
+            signal.send()
+            del task, waiter, fn, args, result  # nothing of this call outlives it on the thread
+
+    # ------------------------------------------------------------ the loop's side
+
+    def _deliver(self) -> None:
+        done = self._done
+        while done:
+            item = done.popleft()
+            if item is None:
+                self._signal.stop()
+                self._signal.close()
+                return
+            waiter, result = item
+            self._out -= 1
+            if not self._out:
+                self._signal.ref = False
+            waiter.switch(result)
