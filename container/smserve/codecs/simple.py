@@ -218,7 +218,7 @@ def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.nda
         sample = list(spec.shape)
         known = sample and all(d >= 0 for d in sample)
         if batched and known:
-            size = int(np.prod(sample))
+            size = math.prod(sample)
             if list(array.shape) == sample:
                 array = array.reshape([1] + sample)  # one record sent without its batch dimension
             elif array.ndim == 2 and array.shape[1] == size and len(sample) > 1:
@@ -230,6 +230,8 @@ def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.nda
             )
     dtype = spec.dtype.dtype if spec.datatype not in ("BYTES",) else np.float32
     dtype = np.dtype(dtype)
+    if array.dtype == dtype and array.flags.c_contiguous:
+        return array  # (an .npy or binary body of the model's own type: nothing to check or cast)
     # Checked a bounded piece at a time, like the cast itself; where one fails, the
     # first bad value is found in that piece alone.
     if dtype.kind in "iub":

@@ -12,6 +12,8 @@ import gevent
 from gevent import hub
 from gevent import socket as gevent_socket
 
+from smserve.http.body import ClientError
+
 
 class Close(Exception):
     """Ends a connection that is waiting for a request: idle at shutdown, or evicted."""
@@ -20,7 +22,8 @@ class Close(Exception):
 class Connection:
     """One client connection, and what it is doing now."""
 
-    __slots__ = ("sock", "greenlet", "waiting_since", "busy", "reading_head", "parked", "ending")
+    __slots__ = ("sock", "greenlet", "waiting_since", "busy", "reading_head", "parked", "ending", "deadline",
+                 "late")
 
     def __init__(self, sock):
         self.sock = sock
@@ -32,6 +35,27 @@ class Connection:
         # bytes (between requests, or in the middle of a head); None at any other time.
         self.parked = None
         self.ending = False  # an eviction or the drain has asked it to end
+        # When the part of a request now being read (its head, its body) must have
+        # arrived by (time.monotonic), and the error to answer if it has not: checked
+        # only when a read has to wait, so a request whose bytes are there pays no timer.
+        self.deadline: float | None = None
+        self.late: tuple[int, str] | None = None
+
+    def expect_by(self, seconds: float, status: int, message: str) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.late = (status, message)
+
+    def remaining(self) -> float | None:
+        """Seconds left until the deadline (None: none); past it, the late answer's error."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise self.late_error()
+        return left
+
+    def late_error(self) -> Exception:
+        return ClientError(*self.late)
 
     def end_wait(self) -> None:
         """End the connection if, and only if, it is still parked waiting for request
@@ -43,13 +67,13 @@ class Connection:
             self.ending = True
             gevent_socket.cancel_wait(self.parked, Close())
 
-    def wait_for_request_bytes(self, timeout: float | None = None) -> None:
-        """Park until the socket is readable (or timeout: Close). Ended by end_wait(),
-        unless bytes arrived meanwhile: then it goes on to read them."""
+    def wait_for_request_bytes(self, timeout: float | None = None, timeout_exc: Exception | type = Close) -> None:
+        """Park until the socket is readable (or timeout: timeout_exc). Ended by
+        end_wait(), unless bytes arrived meanwhile: then it goes on to read them."""
         watcher = hub.get_hub().loop.io(self.sock.fileno(), 1)
         self.parked = watcher
         try:
-            gevent_socket.wait(watcher, timeout, Close)
+            gevent_socket.wait(watcher, timeout, timeout_exc)
         except Close:
             if not bytes_waiting(self.sock):
                 raise
@@ -76,10 +100,13 @@ class RequestSource:
                 return self.raw.recv(size)
             except (BlockingIOError, InterruptedError):
                 pass
-            if self.conn.reading_head:
-                self.conn.wait_for_request_bytes()
+            conn = self.conn
+            left = conn.remaining()
+            late = conn.late_error() if left is not None else None
+            if conn.reading_head:
+                conn.wait_for_request_bytes(left, late)
             else:
-                gevent_socket.wait_read(self.raw.fileno())
+                gevent_socket.wait_read(self.raw.fileno(), timeout=left, timeout_exc=late)
 
 
 def bytes_waiting(sock) -> bool:

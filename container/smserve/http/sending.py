@@ -3,10 +3,14 @@ answers close the connection after a bounded lingering read, so the client reads
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
+import time
+from email.utils import formatdate
 
 import gevent
+from gunicorn import SERVER
 from gevent import socket as gevent_socket
 
 from smserve.errors import json_error_body
@@ -26,6 +30,37 @@ SMALL_ANSWER = 64 * 1024
 LINGER_IDLE_S = 2.0
 LINGER_TOTAL_S = 10.0
 LINGER_BYTES = 128 << 20
+
+
+# What may not appear in a header's value: it would end the field, or the head.
+_UNSAFE_VALUE = re.compile(r"[\r\n\0]")
+_date = [0, ""]  # the second it was made for, the Date field's value
+
+
+def http_date() -> str:
+    """The Date field's value, made once a second rather than once an answer."""
+    now = int(time.time())
+    if _date[0] != now:
+        _date[0], _date[1] = now, formatdate(now, usegmt=True)
+    return _date[1]
+
+
+def answer_head(status: int, headers: list[tuple[str, str]], length: int | None, close: bool) -> bytes:
+    """The head of an answer our routes made, as gunicorn's response writer would send it
+    (Server, Date, Connection, then the route's fields, Content-Length last), without
+    its per-answer regular expressions and date formatting: the names are our code's,
+    and a value is only checked for what would break the head. length None: no
+    Content-Length (a 204 or 1xx)."""
+    lines = [f"HTTP/1.1 {status} {reason(status)}\r\nServer: {SERVER}\r\nDate: {http_date()}\r\n"
+             f"Connection: {'close' if close else 'keep-alive'}\r\n"]
+    for name, value in headers:
+        if _UNSAFE_VALUE.search(value) is not None:
+            raise ValueError(f"the answer's {name} field holds a line break or NUL")
+        lines.append(f"{name}: {value}\r\n")
+    if length is not None:
+        lines.append(f"Content-Length: {length}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1")
 
 
 class SendTimeout(Exception):
@@ -52,21 +87,8 @@ class Sender:
     def __init__(self, sock, timeout: float):
         self._sock = sock
         self._timeout = timeout
-        self._held: list | None = None
-
-    def hold(self) -> None:
-        """Gather writes until flush(): a small answer's head and body leave in one send."""
-        self._held = []
-
-    def flush(self) -> None:
-        held, self._held = self._held, None
-        if held:
-            self.sendall(b"".join(held))
 
     def sendall(self, data) -> None:
-        if self._held is not None:
-            self._held.append(bytes(data))
-            return
         raw = self._sock._sock  # the non-blocking OS socket under gevent's
         view = memoryview(data).cast("B")
         while view:

@@ -53,7 +53,7 @@ from gunicorn.workers import base
 from smserve.http import access
 from smserve.http.body import ClientError, check_head, joined_headers, parse_error, read_body
 from smserve.http.connection import Close, Connection, RequestSource, buffered, bytes_waiting, connection_cap
-from smserve.http.sending import SMALL_ANSWER, Sender, SendTimeout, reset_on_close, send_error
+from smserve.http.sending import SMALL_ANSWER, Sender, SendTimeout, answer_head, reset_on_close, send_error
 from smserve.routes.table import Request, RouteTable, reason
 from smserve.http import websocket
 
@@ -289,12 +289,12 @@ class GeventModelWorker(base.Worker):
             conn.busy = True
             first = False
             try:
-                with gevent.Timeout(self.settings.header_timeout, ClientError(408, "request head not received in time")):
-                    conn.reading_head = True
-                    try:
-                        req = next(parser)
-                    finally:
-                        conn.reading_head = False
+                conn.expect_by(self.settings.header_timeout, 408, "request head not received in time")
+                conn.reading_head = True
+                try:
+                    req = next(parser)
+                finally:
+                    conn.reading_head = False
             except StopIteration:
                 return
             except http_errors.NoMoreData:
@@ -343,6 +343,41 @@ class GeventModelWorker(base.Worker):
         websocket.serve(self, sock, sender, req, parser.unreader.take_buffered(), addr)
         return False
 
+    def _send_answer(self, req, sock, sender: Sender, parser, answer, close: bool, answered: "_Answered") -> bool:
+        """A route's answer whose body is in hand: head and body in one send when it is
+        small. True when the connection may carry another request."""
+        payload = answer.body
+        status = answer.status
+        no_body = status < 200 or status in (204, 304) or req.method == "HEAD"
+        try:
+            head = answer_head(status, answer.headers, None if status < 200 or status == 204 else len(payload), close)
+        except (ValueError, UnicodeEncodeError) as e:
+            self.log.error("%s %s: the answer's head cannot be sent: %s", req.method, req.path, e)
+            answered.status = 500
+            self.send_error(sock, 500, "internal error: the answer's head cannot be sent")
+            return False
+        answered.status = status
+        try:
+            if no_body:
+                sender.sendall(head)
+            elif len(payload) <= SMALL_ANSWER:
+                sender.sendall(head + payload)
+            else:
+                sender.sendall(head)
+                sender.sendall(payload)
+        except SendTimeout as e:
+            self.log.info("answer cut off: %s", e)
+            reset_on_close(sock)
+            return False
+        except OSError as e:
+            self.log.debug("client went away during the answer: %s", e)
+            return False
+        answered.sent = 0 if no_body else len(payload)
+        if close:
+            return False
+        # After SIGTERM, a connection goes on only while requests are already waiting.
+        return self.alive or buffered(parser) or bytes_waiting(sock)
+
     def _serve_request(self, listener_name, req, sock, addr, parser, answered: "_Answered") -> bool:
         sender = Sender(sock, self.settings.send_deadline)
         try:
@@ -352,11 +387,14 @@ class GeventModelWorker(base.Worker):
             answered.route = route.pattern if route is not None else None
             if route is not None:
                 # The table's routes are answered without a WSGI environ or werkzeug objects.
-                resp = wsgi.Response(req, sender, self.cfg)
+                resp = None
                 if req._expected_100_continue:
                     sender.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             else:
                 resp, answered.environ = _wsgi_request(req, sender, addr, listener_name, self.cfg)
+            conn = self.connections[sock]
+            conn.expect_by(self.settings.body_timeout, 408,
+                           f"request body not received within {self.settings.body_timeout} s")
             body = read_body(req, declared, self.settings)
         except ClientError as e:
             answered.status = e.status
@@ -366,25 +404,23 @@ class GeventModelWorker(base.Worker):
         if self.nr >= self.max_requests and self.alive:
             self.log.info("Autorestarting worker after current request.")
             gevent.spawn(self.begin_drain)
-        if _asks_to_close(req) or (not self.alive and not (buffered(parser) or bytes_waiting(sock))):
-            # The client's last request, or shutting down with no further request
-            # arrived: this answer is the last on the connection.
-            resp.force_close()
+        # The client's last request, or shutting down with no further request arrived:
+        # this answer is the last on the connection.
+        last = _asks_to_close(req) or (not self.alive and not (buffered(parser) or bytes_waiting(sock)))
         if route is not None:
             answer = self.routes.dispatch(route, Request(req.method, req.path, joined_headers(req), body, params,
                                                          req.query))
             answered.quiet = route.quiet
-            headers = answer.headers
-            payload = answer.body
-            if isinstance(payload, (bytes, bytearray, memoryview)):
-                headers.append(("Content-Length", str(len(payload))))
-                respiter = [payload]
-                if len(payload) <= SMALL_ANSWER:
-                    sender.hold()
-            else:
-                respiter = payload
-            resp.start_response(f"{answer.status} {reason(answer.status)}", headers)
+            if not answer.streamed:
+                return self._send_answer(req, sock, sender, parser, answer, last or req.should_close(), answered)
+            resp = wsgi.Response(req, sender, self.cfg)
+            if last:
+                resp.force_close()
+            respiter = answer.body
+            resp.start_response(f"{answer.status} {reason(answer.status)}", answer.headers)
         else:
+            if last:
+                resp.force_close()
             environ = answered.environ
             environ["smserve.body"] = body  # the app takes it as it is, without a copy
             environ["wsgi.input"] = io.BytesIO(body)
@@ -396,7 +432,6 @@ class GeventModelWorker(base.Worker):
             for item in respiter:
                 resp.write(item)
             resp.close()
-            sender.flush()
         except SendTimeout as e:
             self.log.info("answer cut off: %s", e)
             reset_on_close(sock)

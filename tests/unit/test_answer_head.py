@@ -1,0 +1,55 @@
+"""The head of a route's answer (http/sending.answer_head): what gunicorn's writer sent,
+without its per-answer cost, and never a head a value could break."""
+
+import email.utils
+import time
+
+import pytest
+
+from smserve.http import sending
+
+
+def _fields(head: bytes) -> tuple[str, dict[str, str]]:
+    text = head.decode("latin-1")
+    assert text.endswith("\r\n\r\n")
+    status, *lines = text[:-4].split("\r\n")
+    return status, dict(line.split(": ", 1) for line in lines)
+
+
+def test_a_head_has_the_status_server_date_connection_the_routes_fields_and_the_length():
+    head = sending.answer_head(200, [("Content-Type", "application/x-npy")], 1234, close=False)
+    status, fields = _fields(head)
+    assert status == "HTTP/1.1 200 OK"
+    assert fields["Server"] == "gunicorn"
+    assert fields["Connection"] == "keep-alive"
+    assert fields["Content-Type"] == "application/x-npy"
+    assert fields["Content-Length"] == "1234"
+    sent = email.utils.parsedate_to_datetime(fields["Date"]).timestamp()
+    assert abs(sent - time.time()) < 5
+
+
+def test_a_last_answer_says_close_and_a_204_has_no_length():
+    status, fields = _fields(sending.answer_head(204, [], None, close=True))
+    assert status == "HTTP/1.1 204 No Content"
+    assert fields["Connection"] == "close" and "Content-Length" not in fields
+
+
+def test_the_date_is_made_once_a_second(monkeypatch):
+    made = []
+    real = sending.formatdate
+    monkeypatch.setattr(sending, "formatdate", lambda *a, **k: made.append(a) or real(*a, **k))
+    monkeypatch.setattr(sending, "_date", [0, ""])
+    for _ in range(100):
+        sending.http_date()
+    assert 1 <= len(made) <= 2  # (2 when the second turned over meanwhile)
+
+
+@pytest.mark.parametrize("value", ["a\r\nSet-Cookie: x=1", "a\nb", "a\rb", "a\0b"])
+def test_a_value_that_would_break_the_head_is_refused(value):
+    with pytest.raises(ValueError, match="X-Custom"):
+        sending.answer_head(200, [("X-Custom", value)], 0, close=False)
+
+
+def test_a_value_outside_latin_1_is_refused():
+    with pytest.raises(UnicodeEncodeError):
+        sending.answer_head(200, [("X-Custom", "snow\u2603")], 0, close=False)
