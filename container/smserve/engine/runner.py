@@ -318,7 +318,7 @@ INFERENCE_NICE = 10
 
 # Inline passes (Runner._forward) run only while the event loop has polled its sockets
 # within this many seconds: a run of them never keeps /ping waiting longer.
-INLINE_POLL_S = 0.002
+INLINE_POLL_S = 0.010
 
 
 def yield_cpu_to_the_loop() -> None:

@@ -23,7 +23,7 @@ class Connection:
     """One client connection, and what it is doing now."""
 
     __slots__ = ("sock", "greenlet", "waiting_since", "busy", "reading_head", "parked", "ending", "deadline",
-                 "late")
+                 "late", "idle_until", "watcher")
 
     def __init__(self, sock):
         self.sock = sock
@@ -40,6 +40,10 @@ class Connection:
         # only when a read has to wait, so a request whose bytes are there pays no timer.
         self.deadline: float | None = None
         self.late: tuple[int, str] | None = None
+        # While it waits for a request between requests: until when it may (the worker's
+        # sweep ends it after that; no timer per wait).
+        self.idle_until: float | None = None
+        self.watcher = None  # its read watcher, made at the first wait and kept
 
     def expect_by(self, seconds: float, status: int, message: str) -> None:
         self.deadline = time.monotonic() + seconds
@@ -67,10 +71,26 @@ class Connection:
             self.ending = True
             gevent_socket.cancel_wait(self.parked, Close())
 
+    def wait_idle(self, seconds: float) -> None:
+        """Wait up to `seconds` for a request's first bytes (Close past that, raised by
+        the worker's sweep: idle_ended)."""
+        self.idle_until = time.monotonic() + seconds
+        try:
+            self.wait_for_request_bytes()
+        finally:
+            self.idle_until = None
+
+    def idle_ended(self, now: float) -> None:
+        """The worker's sweep: end the wait of a connection idle past its time."""
+        if self.idle_until is not None and self.idle_until <= now:
+            self.end_wait()
+
     def wait_for_request_bytes(self, timeout: float | None = None, timeout_exc: Exception | type = Close) -> None:
         """Park until the socket is readable (or timeout: timeout_exc). Ended by
         end_wait(), unless bytes arrived meanwhile: then it goes on to read them."""
-        watcher = hub.get_hub().loop.io(self.sock.fileno(), 1)
+        watcher = self.watcher
+        if watcher is None:
+            watcher = self.watcher = hub.get_hub().loop.io(self.sock.fileno(), 1)
         self.parked = watcher
         try:
             gevent_socket.wait(watcher, timeout, timeout_exc)
@@ -80,7 +100,11 @@ class Connection:
         finally:
             self.parked = None
             self.ending = False
-            watcher.close()
+
+    def close_watcher(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
 
 
 class RequestSource:

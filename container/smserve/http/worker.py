@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 # to that to take the GIL back from a busy codec or inference thread, and /ping pays it
 # several times over (docs/performance.md has the figures).
 GIL_SWITCH_S = 0.001
+# How often idle connections are looked at: a keepalive or first-request wait ends up to
+# this much after its time.
+IDLE_SWEEP_S = 0.1
 
 
 class GeventModelWorker(base.Worker):
@@ -147,9 +150,11 @@ class GeventModelWorker(base.Worker):
                 server.max_accept = 1  # spread a burst of connections over the workers
             server.start()
             self.servers.append(server)
+        sweep = gevent.spawn(self._sweep_idle)
         while self.alive:
             self.notify()
             self._stopping.wait(1.0)
+        sweep.kill(block=False)
         self._drain()
         # Every answer is out and every connection closed. Python's own finalisation
         # (torch, thread pools) would keep the worker, and so the container's stop,
@@ -159,6 +164,16 @@ class GeventModelWorker(base.Worker):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+    def _sweep_idle(self):
+        """End connections idle past their time (keepalive between requests, the header
+        timeout before a first one): one pass every IDLE_SWEEP_S instead of a timer
+        made and cancelled around every wait for a request."""
+        while True:
+            gevent.sleep(IDLE_SWEEP_S)
+            now = time.monotonic()
+            for conn in list(self.connections.values()):
+                conn.idle_ended(now)
 
     def _wait_for_model(self):
         """A worker restarted after the first full start: the others serve meanwhile,
@@ -264,6 +279,7 @@ class GeventModelWorker(base.Worker):
             self.log.exception("error serving a connection")
         finally:
             self.connections.pop(client, None)
+            conn.close_watcher()
             try:
                 client.close()
             except OSError:
@@ -285,7 +301,7 @@ class GeventModelWorker(base.Worker):
                 # The first request's head must come promptly; later ones may wait
                 # for as long as a kept-alive connection may idle.
                 idle = self.settings.header_timeout if first else self.cfg.keepalive
-                conn.wait_for_request_bytes(idle)
+                conn.wait_idle(idle)
             conn.busy = True
             first = False
             try:
