@@ -66,13 +66,18 @@ def test_many_greenlets_each_get_their_own_result():
 
 
 def test_the_thread_does_not_keep_an_idle_loop_alive_but_a_waiting_call_does():
+    """Its watcher holds a reference on the loop only while a call is out: an idle
+    thread never keeps a loop from ending, and a greenlet waiting for a result never
+    sees "this operation would block forever"."""
     thread = ModelThread()
-    # Nothing out: the loop has nothing to wait for, and says so at once.
-    assert gevent.wait(timeout=1) is True
-    # A call out: the loop waits for its result rather than "would block forever".
-    job = gevent.spawn(thread.call, time.sleep, 0.05)
+    assert thread._signal.ref is False
+    seen = []
+    job = gevent.spawn(thread.call, lambda: (time.sleep(0.05), seen.append(thread._signal.ref))[0])
+    gevent.sleep(0.01)
+    assert thread._signal.ref is True
     job.join(timeout=5)
-    assert job.value == (True, None)
+    assert job.value == (True, None) and seen == [True]
+    assert thread._signal.ref is False
     thread.stop()
 
 

@@ -6,6 +6,8 @@ Nothing heavy is imported here: `serve` reads the settings before any worker exi
 
 from __future__ import annotations
 
+import functools
+
 JSON = "application/json"
 CSV = "text/csv"
 JSONLINES = "application/jsonlines"
@@ -27,6 +29,7 @@ ALIASES = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def media_type(content_type: str | None) -> str:
     """'text/csv; charset=utf-8' -> 'text/csv', with aliases resolved."""
     value = (content_type or "").split(";")[0].strip().lower()

@@ -35,6 +35,7 @@ Arrays = dict[str, np.ndarray]
 Stage = Callable[[str, list[np.ndarray]], np.ndarray]
 # A real lock: model code runs on real threads, which must block on it without the hub.
 _RealLock = monkey.get_original("threading", "Lock")
+_QUEUED = object()  # Runner._direct's answer for a request that goes to the batcher
 
 
 @dataclass
@@ -119,7 +120,10 @@ class Runner:
         """Named arrays in, named arrays out, batched with whatever else is waiting.
         context: the request's, for a predict_fn that takes one; only an unbatched
         model's pass is one request's, so a batched pass gets None."""
-        results = list(self.infer_by_pass(inputs, context))
+        outputs = self._direct(inputs, context)
+        if outputs is not _QUEUED:
+            return outputs
+        results = list(self._queued(inputs))
         if len(results) == 1:
             return results[0]
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
@@ -133,15 +137,23 @@ class Runner:
         """The outputs of each forward pass, in order, as each pass ends. A request
         bigger than the model's max batch size runs as several passes, all queued at
         once so they follow each other without a gap."""
+        outputs = self._direct(inputs, context)
+        if outputs is not _QUEUED:
+            yield outputs
+            return
+        yield from self._queued(inputs)
+
+    def _direct(self, inputs: Arrays, context):
+        """The outputs of a request that runs as one pass of its own, outside the
+        batcher; _QUEUED when it goes to the batcher instead."""
         if self._predict is None:
             raise ServerError("model is not loaded")
         if self.max_batch_size <= 0 or not inputs:
             try:
-                yield self._pass(records_in(inputs), self._predict, inputs, context)
+                return self._pass(records_in(inputs), self._predict, inputs, context)
             except HTTPError as e:
                 log_model_failure(e)
                 raise
-            return
         rows = _rows(inputs)
         if rows == self.max_batch_size and self._idle():
             # A request that fills a pass by itself, with no pass to wait for: nothing can
@@ -150,8 +162,11 @@ class Runner:
             # the loop join it there, where going straight to a pass of its own made
             # them wait for it and ran more, smaller passes: 15 % fewer req/s at batch 1.)
             # Requests that arrive meanwhile queue up for the batcher.
-            yield self._pass_alone(inputs, rows)
-            return
+            return self._pass_alone(inputs, rows)
+        return _QUEUED
+
+    def _queued(self, inputs: Arrays) -> Iterator[Arrays]:
+        rows = _rows(inputs)
         chunks = [
             _Pending({k: v[start : start + self.max_batch_size] for k, v in inputs.items()},
                      min(self.max_batch_size, rows - start))
@@ -361,11 +376,15 @@ def log_model_failure(error: HTTPError) -> None:
 
 
 def _timed(fn, args):
-    """When fn started (after its wait for the inference thread), its result, and how
-    many seconds it took."""
+    """When fn started (after its wait for the inference thread), its result, and the
+    CPU seconds it took on this thread: what it would hold the loop's thread for if it
+    ran there. (Not the wall time: on a core the loop keeps busy, the inference thread's
+    passes are preempted by the loop, and measured by the clock they would look long,
+    and stay on this thread, for as long as that load lasts.)"""
     started = time.monotonic()
+    cpu = time.thread_time()
     result = fn(*args)
-    return started, result, time.monotonic() - started
+    return started, result, time.thread_time() - cpu
 
 
 def records_in(data) -> int:

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import time
+from typing import Callable
 
 from smserve import metrics
 
@@ -50,17 +51,20 @@ def request_environ(req, addr) -> dict:
     return environ
 
 
-def log_request(environ: dict, status: int, sent: int, started: float, quiet: bool = False,
+def log_request(environ: dict | Callable[[], dict], status: int, sent: int, started: float, quiet: bool = False,
                 route: str | None = None) -> None:
     """quiet: a health check's route, whose success SageMaker asks for every few seconds.
     route: the pattern of the route that answered (None: none did; the Flask app's
     own rule, if it has one, then names it)."""
     seconds = time.monotonic() - started
-    route = route or _app_rule(environ) or UNMATCHED
+    if route is None:
+        environ = _made(environ)
+        route = _app_rule(environ) or UNMATCHED
     metrics.request(route, status, seconds)
     level = logging.DEBUG if status == 200 and quiet else logging.INFO
     if not log.isEnabledFor(level):
         return
+    environ = _made(environ)
     path = environ.get("PATH_INFO", "")
     method = environ.get("REQUEST_METHOD", "-")
     latency_ms = round(seconds * 1000.0, 3)
@@ -82,6 +86,11 @@ def log_request(environ: dict, status: int, sent: int, started: float, quiet: bo
         fields["request_id"] = request_id
     log.log(level, '%s "%s %s" %d %d %.1fms id=%s', fields["remote"], method, path, status, sent, latency_ms,
             _token(inference_id), extra={"fields": fields})
+
+
+def _made(environ):
+    """environ may be given as the function that makes it: made only when it is read."""
+    return environ() if callable(environ) else environ
 
 
 def _first(environ: dict, keys: tuple[str, ...]) -> str | None:

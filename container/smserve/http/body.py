@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 
 from gunicorn.http import errors as http_errors
+from gunicorn.http.body import LengthReader
 
 from smserve.http import turns
 
@@ -49,14 +50,17 @@ def check_head(req, settings) -> int | None:
     return declared
 
 
-def read_body(req, declared: int | None, settings) -> bytes:
+def read_body(req, declared: int | None, settings, unreader=None) -> bytes:
     """The whole body, within the body deadline and the payload limit; `declared`:
-    its Content-Length, from check_head, which the head has passed."""
+    its Content-Length, from check_head, which the head has passed. unreader: the
+    parser's, whose socket a body of known length is read from directly."""
     limit = settings.max_body_bytes
     too_big = _too_big(settings)
     if req.body is None:
         return b""
     turn = turns.Turn()
+    if declared is not None and unreader is not None and isinstance(getattr(req.body, "reader", None), LengthReader):
+        return _read_sized(req, declared, unreader, turn)
     check_chunks(req.body, limit, too_big, turn)
     first = b""
     # Past one read, the body grows in a BytesIO: its buffer is enlarged in place
@@ -88,6 +92,40 @@ def read_body(req, declared: int | None, settings) -> bytes:
         raise ClientError(status, f"malformed request body: {message}") from None
     if declared is not None and total < declared:
         raise ClientError(400, f"request body ended after {total} of its {declared} bytes (Content-Length)")
+    return grown.getvalue() if grown is not None else first
+
+
+def _read_sized(req, declared: int, unreader, turn: turns.Turn) -> bytes:
+    """A body of `declared` bytes, read from the socket under gunicorn's reader: what
+    came with the head (and is buffered), then straight from the socket, each byte
+    copied once on its way to the one buffer that is handed over. gunicorn's Body,
+    LengthReader and Unreader pass every byte through three buffers (about 40 us of
+    a 64 KiB request's time); its reader is then told the body has been read."""
+    ahead = unreader.take_buffered()
+    if len(ahead) > declared:
+        unreader.unread(ahead[declared:])  # a pipelined request's first bytes
+        ahead = ahead[:declared]
+    source = unreader.sock
+    got = len(ahead)
+    grown: io.BytesIO | None = None
+    first = ahead
+    while got < declared:
+        data = source.recv(min(declared - got, READ_SIZE))
+        if not data:
+            break
+        got += len(data)
+        if grown is not None:
+            grown.write(data)
+        elif first:
+            grown = io.BytesIO(first)  # (see read_body: the buffer is handed over without a copy)
+            grown.seek(0, io.SEEK_END)
+            grown.write(data)
+        else:
+            first = data
+        turn.take()
+    req.body.reader.length = 0  # nothing left for gunicorn's reader: the parser moves to the next request
+    if got < declared:
+        raise ClientError(400, f"request body ended after {got} of its {declared} bytes (Content-Length)")
     return grown.getvalue() if grown is not None else first
 
 

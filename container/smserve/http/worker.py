@@ -342,7 +342,7 @@ class GeventModelWorker(base.Worker):
         try:
             return self._serve_request(listener_name, req, sock, addr, parser, answered)
         finally:
-            access.log_request(answered.environ or access.request_environ(req, addr), answered.status,
+            access.log_request(answered.environ or (lambda: access.request_environ(req, addr)), answered.status,
                                answered.sent, started, answered.quiet, answered.route)
 
     def _open_session(self, req, sock, addr, parser, started) -> bool:
@@ -411,7 +411,7 @@ class GeventModelWorker(base.Worker):
             conn = self.connections[sock]
             conn.expect_by(self.settings.body_timeout, 408,
                            f"request body not received within {self.settings.body_timeout} s")
-            body = read_body(req, declared, self.settings)
+            body = read_body(req, declared, self.settings, parser.unreader)
         except ClientError as e:
             answered.status = e.status
             self.send_error(sock, e.status, e.message)
