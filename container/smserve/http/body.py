@@ -36,6 +36,15 @@ def joined_headers(req) -> dict[str, str]:
     return headers
 
 
+def asks_to_close(req) -> bool:
+    """`close` among the Connection header's options, in any of its fields (RFC 9112 9.6):
+    gunicorn's own check reads only a first field that is exactly `close`."""
+    for name, value in req.headers:
+        if name == "CONNECTION" and any(option.strip(" \t").lower() == "close" for option in value.split(",")):
+            return True
+    return False
+
+
 def _too_big(settings) -> str:
     return f"exceeds the payload limit of {settings.max_body_bytes} bytes ({settings.body_limit_setting})"
 

@@ -133,6 +133,22 @@ class RequestSource:
                 gevent_socket.wait_read(self.raw.fileno(), timeout=left, timeout_exc=late)
 
 
+# How often idle connections are looked at: a keepalive or first-request wait ends up to
+# this much after its time.
+IDLE_SWEEP_S = 0.1
+
+
+def sweep_idle(connections: dict) -> None:
+    """End connections idle past their time (keepalive between requests, the header
+    timeout before a first one): one pass every IDLE_SWEEP_S, run by the worker for as
+    long as it accepts, instead of a timer made and cancelled around every wait."""
+    while True:
+        gevent.sleep(IDLE_SWEEP_S)
+        now = time.monotonic()
+        for conn in list(connections.values()):
+            conn.idle_ended(now)
+
+
 def bytes_waiting(sock) -> bool:
     """Whether the socket holds unread bytes (or an end of file): a non-blocking check,
     on the raw descriptor, so gevent never parks the caller."""

@@ -51,8 +51,9 @@ from gunicorn.http.parser import RequestParser
 from gunicorn.workers import base
 
 from smserve.http import access
-from smserve.http.body import ClientError, check_head, joined_headers, parse_error, read_body
-from smserve.http.connection import Close, Connection, RequestSource, buffered, bytes_waiting, connection_cap
+from smserve.http.body import ClientError, asks_to_close, check_head, joined_headers, parse_error, read_body
+from smserve.http.connection import (Close, Connection, RequestSource, buffered, bytes_waiting, connection_cap,
+                                     sweep_idle)
 from smserve.http.sending import SMALL_ANSWER, Sender, SendTimeout, answer_head, reset_on_close, send_error
 from smserve.routes.table import Request, RouteTable, reason
 from smserve.http import websocket
@@ -63,9 +64,6 @@ log = logging.getLogger(__name__)
 # to that to take the GIL back from a busy codec or inference thread, and /ping pays it
 # several times over (docs/performance.md has the figures).
 GIL_SWITCH_S = 0.001
-# How often idle connections are looked at: a keepalive or first-request wait ends up to
-# this much after its time.
-IDLE_SWEEP_S = 0.1
 
 
 class GeventModelWorker(base.Worker):
@@ -150,7 +148,7 @@ class GeventModelWorker(base.Worker):
                 server.max_accept = 1  # spread a burst of connections over the workers
             server.start()
             self.servers.append(server)
-        sweep = gevent.spawn(self._sweep_idle)
+        sweep = gevent.spawn(sweep_idle, self.connections)
         while self.alive:
             self.notify()
             self._stopping.wait(1.0)
@@ -164,16 +162,6 @@ class GeventModelWorker(base.Worker):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-    def _sweep_idle(self):
-        """End connections idle past their time (keepalive between requests, the header
-        timeout before a first one): one pass every IDLE_SWEEP_S instead of a timer
-        made and cancelled around every wait for a request."""
-        while True:
-            gevent.sleep(IDLE_SWEEP_S)
-            now = time.monotonic()
-            for conn in list(self.connections.values()):
-                conn.idle_ended(now)
 
     def _wait_for_model(self):
         """A worker restarted after the first full start: the others serve meanwhile,
@@ -422,7 +410,7 @@ class GeventModelWorker(base.Worker):
             gevent.spawn(self.begin_drain)
         # The client's last request, or shutting down with no further request arrived:
         # this answer is the last on the connection.
-        last = _asks_to_close(req) or (not self.alive and not (buffered(parser) or bytes_waiting(sock)))
+        last = asks_to_close(req) or (not self.alive and not (buffered(parser) or bytes_waiting(sock)))
         if route is not None:
             answer = self.routes.dispatch(route, Request(req.method, req.path, joined_headers(req), body, params,
                                                          req.query))
@@ -496,11 +484,3 @@ def _wsgi_request(req, sender, addr, listener_name, cfg):
     environ["wsgi.multithread"] = True
     return resp, environ
 
-
-def _asks_to_close(req) -> bool:
-    """`close` among the Connection header's options, in any of its fields (RFC 9112 9.6):
-    gunicorn's own check reads only a first field that is exactly `close`."""
-    for name, value in req.headers:
-        if name == "CONNECTION" and any(option.strip(" \t").lower() == "close" for option in value.split(",")):
-            return True
-    return False
