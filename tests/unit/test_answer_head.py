@@ -17,7 +17,7 @@ def _fields(head: bytes) -> tuple[str, dict[str, str]]:
 
 
 def test_a_head_has_the_status_server_date_connection_the_routes_fields_and_the_length():
-    head = sending.answer_head(200, [("Content-Type", "application/x-npy")], 1234, close=False)
+    head = sending.answer_head((1, 1), 200, [("Content-Type", "application/x-npy")], 1234, close=False)
     status, fields = _fields(head)
     assert status == "HTTP/1.1 200 OK"
     assert fields["Server"] == "gunicorn"
@@ -29,7 +29,7 @@ def test_a_head_has_the_status_server_date_connection_the_routes_fields_and_the_
 
 
 def test_a_last_answer_says_close_and_a_204_has_no_length():
-    status, fields = _fields(sending.answer_head(204, [], None, close=True))
+    status, fields = _fields(sending.answer_head((1, 1), 204, [], None, close=True))
     assert status == "HTTP/1.1 204 No Content"
     assert fields["Connection"] == "close" and "Content-Length" not in fields
 
@@ -47,9 +47,9 @@ def test_the_date_is_made_once_a_second(monkeypatch):
 @pytest.mark.parametrize("value", ["a\r\nSet-Cookie: x=1", "a\nb", "a\rb", "a\0b"])
 def test_a_value_that_would_break_the_head_is_refused(value):
     with pytest.raises(ValueError, match="X-Custom"):
-        sending.answer_head(200, [("X-Custom", value)], 0, close=False)
+        sending.answer_head((1, 1), 200, [("X-Custom", value)], 0, close=False)
 
 
 def test_a_value_outside_latin_1_is_refused():
     with pytest.raises(UnicodeEncodeError):
-        sending.answer_head(200, [("X-Custom", "snow\u2603")], 0, close=False)
+        sending.answer_head((1, 1), 200, [("X-Custom", "snow\u2603")], 0, close=False)

@@ -234,3 +234,48 @@ def test_requests_that_each_fill_a_pass_get_their_own_answers():
     for request, job in zip(requests, jobs):
         np.testing.assert_array_equal(job.value["y"], request * 2)
     assert model.batches == [8] * 6
+
+
+def test_a_pass_short_in_cpu_but_long_by_the_clock_runs_inline_once_then_is_kept_off_the_loop():
+    """A pass that waits (on threads it forked, on I/O) looks short in CPU time on the
+    thread; once it has held the loop past the limit, its size stays on the thread."""
+    threads = []
+
+    def waits(inputs):
+        threads.append(threading.get_ident())
+        time.sleep(0.03)  # a wait, not CPU
+        return {"y": inputs["x"]}
+
+    runner = Runner()
+    runner.start(waits, max_batch_size=0, inline_pass_s=0.01)
+    x = np.zeros((2, 2), np.float32)
+    for _ in range(4):
+        _fresh_loop_turn()
+        runner.infer({"x": x})
+    here = threading.get_ident()
+    assert threads[0] != here and threads[1] == here  # measured short on the thread: tried inline once
+    assert here not in threads[2:]  # then kept on the thread
+
+
+def test_a_request_taken_by_the_batcher_is_not_overtaken_by_a_full_one_read_after_it():
+    """While the batcher waits for a lone full pass to end, the request it has taken is
+    in no queue: a full request read meanwhile must queue behind it, not take the model
+    first because the queue looks empty."""
+    order = []
+
+    def model(inputs):
+        order.append(int(inputs["x"][0, 0]))
+        return {"y": inputs["x"]}
+
+    runner = Runner()
+    runner.start(model, max_batch_size=4)
+    hold = runner.model_lock
+    hold.acquire()  # the first full pass waits on the thread, holding the gate
+    first = gevent.spawn(lambda: (runner.infer({"x": np.full((4, 1), 1, np.float32)}),
+                                  runner.infer({"x": np.full((4, 1), 3, np.float32)})))
+    gevent.sleep(0.01)
+    small = gevent.spawn(runner.infer, {"x": np.full((1, 1), 2, np.float32)})
+    gevent.sleep(0.01)  # the batcher has taken the small one and waits for the gate
+    hold.release()
+    gevent.joinall([first, small], raise_error=True)
+    assert order == [1, 2, 3]

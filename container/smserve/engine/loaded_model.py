@@ -74,9 +74,11 @@ class LoadedModel:
         model run by our own forward. Not a GPU one (the CUDA device and streams are the
         inference thread's), not a compiled one (a recompile would hold the loop for
         seconds), not a predict_fn of the user's (its code may rely on the thread that
-        ran model_fn, as torch's grad mode does)."""
+        ran model_fn, as torch's grad mode does), and only with one torch thread (OpenMP
+        keeps a pool of threads per calling thread: a second pool, spinning at the loop's
+        priority, beside the inference thread's)."""
         return (self.device.type == "cpu" and self.staging is None and self.hooks.predict_fn is None
-                and self.compiled in ("off", "failed"))
+                and self.compiled in ("off", "failed") and torch.get_num_threads() == 1)
 
     def predict(self, inputs: dict[str, np.ndarray], context=None) -> dict[str, np.ndarray]:
         """Run the model (or the user's predict_fn) on named arrays; named arrays back,

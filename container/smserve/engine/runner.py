@@ -67,7 +67,13 @@ class Runner:
         # (start: 0 for a model they may not); see _forward.
         self.inline_pass_s = 0.0
         self._pass_s: dict[int, float] = {}  # the last pass's seconds, by the bit length of its rows
-        self._loop = get_hub().loop
+        # Sizes whose inline pass held the loop past the limit, and until when (monotonic)
+        # they go to the thread whatever their CPU time says.
+        self._no_inline_until: dict[int, float] = {}
+        self._polled = poll_clock()
+        # A request the batcher has taken and is waiting to run (for the gate): the
+        # model is not idle meanwhile, though the queue is empty.
+        self._waiting: _Pending | None = None
         self._predict: Callable[[Arrays], Arrays] | None = None
         self._stage: Stage = _concatenate
         self._queue: Queue = Queue()
@@ -223,14 +229,19 @@ class Runner:
         holds the model (a stream_fn session's step): the loop never blocks on it."""
         bucket = rows.bit_length()
         took = self._pass_s.get(bucket)
-        if (took is not None and took < self.inline_pass_s and time.time() - self._loop.now() < INLINE_POLL_S
-                and self.model_lock.acquire(False)):
+        if (took is not None and took < self.inline_pass_s and time.monotonic() - self._polled.at < INLINE_POLL_S
+                and time.monotonic() >= self._no_inline_until.get(bucket, 0.0) and self.model_lock.acquire(False)):
             try:
                 started = time.monotonic()
                 try:
                     return started, fn(*args)
                 finally:
-                    self._pass_s[bucket] = time.monotonic() - started
+                    held = time.monotonic() - started
+                    self._pass_s[bucket] = held
+                    if held >= self.inline_pass_s:
+                        # Its CPU time on the thread said short, the clock here says long (it
+                        # waits on something: threads it forked, I/O): not inline for a while.
+                        self._no_inline_until[bucket] = started + held + INLINE_PAUSE_S
             finally:
                 self.model_lock.release()
         started, result, self._pass_s[bucket] = self.call(_timed, fn, args)
@@ -238,7 +249,8 @@ class Runner:
 
     def _idle(self) -> bool:
         """No pass runs, none is queued and no delay asks to gather: a request may run alone."""
-        return self.max_delay_s <= 0 and not self._gate.locked() and self._held is None and not self._queue.qsize()
+        return (self.max_delay_s <= 0 and not self._gate.locked() and self._held is None and self._waiting is None
+                and not self._queue.qsize())
 
     def _pass_alone(self, inputs: Arrays, rows: int) -> Arrays:
         with self._gate:
@@ -253,8 +265,13 @@ class Runner:
         while True:
             first = self._held or self._queue.get()
             self._held = None
-            with self._gate:  # a lone request's pass ends first; what queued meanwhile joins
-                self._gather_and_run(first)
+            self._waiting = first  # (not idle: a full request read meanwhile queues behind it)
+            try:
+                with self._gate:  # a lone request's pass ends first; what queued meanwhile joins
+                    self._waiting = None
+                    self._gather_and_run(first)
+            finally:
+                self._waiting = None
 
     def _gather_and_run(self, first: _Pending) -> None:
         batch = self._next_batch(first)
@@ -334,6 +351,34 @@ INFERENCE_NICE = 10
 # Inline passes (Runner._forward) run only while the event loop has polled its sockets
 # within this many seconds: a run of them never keeps /ping waiting longer.
 INLINE_POLL_S = 0.010
+# A size whose inline pass took longer than the limit goes to the thread for this long.
+INLINE_PAUSE_S = 10.0
+
+
+class _PollClock:
+    """When the event loop last polled its sockets (time.monotonic): set by a check
+    watcher, which libev runs right after each poll. (The loop's own `now()` will not
+    do: gevent.sleep and the callback runner update it in the middle of a turn.)"""
+
+    def __init__(self, loop):
+        self.at = time.monotonic()
+        self._watcher = loop.check(ref=False)
+        self._watcher.start(self._polled)
+
+    def _polled(self) -> None:
+        self.at = time.monotonic()
+
+
+_clocks: dict = {}
+
+
+def poll_clock() -> _PollClock:
+    """The running loop's poll clock (one a loop, made on first use)."""
+    loop = get_hub().loop
+    clock = _clocks.get(id(loop))
+    if clock is None or clock._watcher.loop is not loop:
+        clock = _clocks[id(loop)] = _PollClock(loop)
+    return clock
 
 
 def yield_cpu_to_the_loop() -> None:

@@ -4,6 +4,7 @@ at SIGTERM) without touching a connection whose bytes have arrived."""
 
 from __future__ import annotations
 
+import logging
 import resource
 import socket
 import time
@@ -14,6 +15,8 @@ from gevent import socket as gevent_socket
 
 from smserve.http.body import ClientError
 
+log = logging.getLogger(__name__)
+
 
 class Close(Exception):
     """Ends a connection that is waiting for a request: idle at shutdown, or evicted."""
@@ -23,7 +26,7 @@ class Connection:
     """One client connection, and what it is doing now."""
 
     __slots__ = ("sock", "greenlet", "waiting_since", "busy", "reading_head", "parked", "ending", "deadline",
-                 "late", "idle_until", "watcher")
+                 "late", "idle_until")
 
     def __init__(self, sock):
         self.sock = sock
@@ -43,7 +46,6 @@ class Connection:
         # While it waits for a request between requests: until when it may (the worker's
         # sweep ends it after that; no timer per wait).
         self.idle_until: float | None = None
-        self.watcher = None  # its read watcher, made at the first wait and kept
 
     def expect_by(self, seconds: float, status: int, message: str) -> None:
         self.deadline = time.monotonic() + seconds
@@ -88,9 +90,10 @@ class Connection:
     def wait_for_request_bytes(self, timeout: float | None = None, timeout_exc: Exception | type = Close) -> None:
         """Park until the socket is readable (or timeout: timeout_exc). Ended by
         end_wait(), unless bytes arrived meanwhile: then it goes on to read them."""
-        watcher = self.watcher
-        if watcher is None:
-            watcher = self.watcher = hub.get_hub().loop.io(self.sock.fileno(), 1)
+        # A watcher of its own for each wait: an end_wait() lands later, from the loop,
+        # and only on the watcher it was meant for (a kept watcher would take it into
+        # the next wait, in the middle of the next request's head).
+        watcher = hub.get_hub().loop.io(self.sock.fileno(), 1)
         self.parked = watcher
         try:
             gevent_socket.wait(watcher, timeout, timeout_exc)
@@ -100,11 +103,7 @@ class Connection:
         finally:
             self.parked = None
             self.ending = False
-
-    def close_watcher(self) -> None:
-        if self.watcher is not None:
-            self.watcher.close()
-            self.watcher = None
+            watcher.close()
 
 
 class RequestSource:
@@ -146,7 +145,10 @@ def sweep_idle(connections: dict) -> None:
         gevent.sleep(IDLE_SWEEP_S)
         now = time.monotonic()
         for conn in list(connections.values()):
-            conn.idle_ended(now)
+            try:
+                conn.idle_ended(now)
+            except Exception:  # noqa: BLE001 - one connection's fault must not end every timeout
+                log.exception("ending an idle connection failed")
 
 
 def bytes_waiting(sock) -> bool:

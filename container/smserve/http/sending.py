@@ -45,13 +45,15 @@ def http_date() -> str:
     return _date[1]
 
 
-def answer_head(status: int, headers: list[tuple[str, str]], length: int | None, close: bool) -> bytes:
+def answer_head(version: tuple[int, int], status: int, headers: list[tuple[str, str]], length: int | None,
+                close: bool) -> bytes:
     """The head of an answer our routes made, as gunicorn's response writer would send it
     (Server, Date, Connection, then the route's fields, Content-Length last), without
     its per-answer regular expressions and date formatting: the names are our code's,
-    and a value is only checked for what would break the head. length None: no
-    Content-Length (a 204 or 1xx)."""
-    lines = [f"HTTP/1.1 {status} {reason(status)}\r\nServer: {SERVER}\r\nDate: {http_date()}\r\n"
+    and a value is only checked for what would break the head. version: the request's
+    (the answer speaks it, as gunicorn's does). length None: no Content-Length (a 204
+    or 1xx)."""
+    lines = [f"HTTP/{version[0]}.{version[1]} {status} {reason(status)}\r\nServer: {SERVER}\r\nDate: {http_date()}\r\n"
              f"Connection: {'close' if close else 'keep-alive'}\r\n"]
     for name, value in headers:
         if _UNSAFE_VALUE.search(value) is not None:

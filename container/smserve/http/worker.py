@@ -267,7 +267,6 @@ class GeventModelWorker(base.Worker):
             self.log.exception("error serving a connection")
         finally:
             self.connections.pop(client, None)
-            conn.close_watcher()
             try:
                 client.close()
             except OSError:
@@ -354,7 +353,8 @@ class GeventModelWorker(base.Worker):
         status = answer.status
         no_body = status < 200 or status in (204, 304) or req.method == "HEAD"
         try:
-            head = answer_head(status, answer.headers, None if status < 200 or status == 204 else len(payload), close)
+            head = answer_head(req.version, status, answer.headers, None if status < 200 or status == 204 else len(payload),
+                               close)
         except (ValueError, UnicodeEncodeError) as e:
             self.log.error("%s %s: the answer's head cannot be sent: %s", req.method, req.path, e)
             answered.status = 500
