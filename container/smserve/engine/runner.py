@@ -70,6 +70,7 @@ class Runner:
         # Sizes whose inline pass held the loop past the limit, and until when (monotonic)
         # they go to the thread whatever their CPU time says.
         self._no_inline_until: dict[int, float] = {}
+        self._long_inline: dict[int, int] = {}  # inline passes in a row that ran past it, by size
         self._polled = poll_clock()
         # A request the batcher has taken and is waiting to run (for the gate): the
         # model is not idle meanwhile, though the queue is empty.
@@ -238,9 +239,15 @@ class Runner:
                 finally:
                     held = time.monotonic() - started
                     self._pass_s[bucket] = held
-                    if held >= self.inline_pass_s:
-                        # Its CPU time on the thread said short, the clock here says long (it
-                        # waits on something: threads it forked, I/O): not inline for a while.
+                    if held < self.inline_pass_s:
+                        self._long_inline[bucket] = 0
+                    elif self._long_inline.get(bucket, 0) + 1 < INLINE_STRIKES:
+                        self._long_inline[bucket] = self._long_inline.get(bucket, 0) + 1
+                    else:
+                        # Short in CPU on the thread, long by the clock here, time after time:
+                        # it waits on something (threads it forked, I/O). Not inline for a
+                        # while. (Once could be the host preempting this one pass.)
+                        self._long_inline[bucket] = 0
                         self._no_inline_until[bucket] = started + held + INLINE_PAUSE_S
             finally:
                 self.model_lock.release()
@@ -351,7 +358,9 @@ INFERENCE_NICE = 10
 # Inline passes (Runner._forward) run only while the event loop has polled its sockets
 # within this many seconds: a run of them never keeps /ping waiting longer.
 INLINE_POLL_S = 0.010
-# A size whose inline pass took longer than the limit goes to the thread for this long.
+# A size whose inline passes took longer than the limit INLINE_STRIKES times in a row
+# goes to the thread for INLINE_PAUSE_S.
+INLINE_STRIKES = 3
 INLINE_PAUSE_S = 10.0
 
 
