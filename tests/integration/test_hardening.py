@@ -131,6 +131,7 @@ def test_stalled_body_gets_408_and_the_connection_is_freed(make_server, example_
                     + b"1,2,3,4,5,")
     head_only = connect(server.port)
     head_only.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\n")  # never finishes its head
+    silent = connect(server.port)  # never sends a byte: the worker's idle sweep ends it
     for sock in (stalled, head_only):
         sock.settimeout(10)
         resp = Reader(sock).response()
@@ -138,6 +139,9 @@ def test_stalled_body_gets_408_and_the_connection_is_freed(make_server, example_
         assert "error" in resp.json()
         assert sock.recv(1) == b""
         sock.close()
+    silent.settimeout(10)
+    assert silent.recv(1) == b""  # closed, with nothing said: no request was made
+    silent.close()
     assert requests.get(server.url + "/ping", timeout=2).status_code == 200
 
 
