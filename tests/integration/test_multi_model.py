@@ -53,6 +53,15 @@ def servers(models, tmp_path_factory):
     small = ServerProcess(models / "none", {**MME, "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
                           log_path=logs / "small.log")
     start_all([api, small])
+    # /ping is 200 from a multi-model worker's first second, but the worker follows the
+    # model registry only once its start (torch's import and a rehearsal load, seconds of
+    # CPU) is done. On a machine the parallel suite keeps busy that took long enough
+    # for a test that raced loads, unloads and 2 s pings at once to time out: each
+    # server serves one load and unload first, so every test starts on workers that
+    # follow. (What the start costs /ping is bench_multi_model's to measure.)
+    for server in (api, small):
+        assert load(server, "warm", models / "a", timeout=300).status_code == 200
+        assert requests.delete(server.url + "/models/warm", timeout=300).status_code == 200
     yield {"api": api, "small": small}
     for server in (api, small):
         server.terminate()
