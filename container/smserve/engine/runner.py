@@ -192,27 +192,23 @@ class Runner:
         """fn on the inference thread as one pass outside the batcher (a user's hooks),
         counted as the batcher counts its passes. records(): how many records the pass
         held, asked once it ended well."""
-        queued = time.monotonic()
-        self.stats.pending(1)
-        try:
-            started, result, _ = self.call(_timed, fn, args)
-        finally:
-            self.stats.pending(-1)
-        self.stats.waited(queued, started)
-        self.stats.ran(records())
-        return result
+        return self._counted(lambda: self.call(_timed, fn, args)[:2], records)
 
     def _pass(self, rows: int, fn: Callable, *args):
         """One forward pass outside the batcher (an unbatched model, a request that
         fills a pass alone), counted as the batcher counts its passes."""
+        return self._counted(lambda: self._forward(rows, fn, args), lambda: rows)
+
+    def _counted(self, run: Callable[[], tuple[float, object]], records: Callable[[], int]):
+        """run() -> (when it started, its result), counted in the model's metrics."""
         queued = time.monotonic()
         self.stats.pending(1)
         try:
-            started, result = self._forward(rows, fn, args)
+            started, result = run()
         finally:
             self.stats.pending(-1)
         self.stats.waited(queued, started)
-        self.stats.ran(rows)
+        self.stats.ran(records())
         return result
 
     def _forward(self, rows: int, fn: Callable, args: tuple) -> tuple[float, object]:

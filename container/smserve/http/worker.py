@@ -361,7 +361,8 @@ class GeventModelWorker(base.Worker):
             self.send_error(sock, 500, "internal error: the answer's head cannot be sent")
             return False
         answered.status = status
-        try:
+
+        def send():
             if no_body:
                 sender.sendall(head)
             elif len(payload) <= SMALL_ANSWER:
@@ -369,6 +370,17 @@ class GeventModelWorker(base.Worker):
             else:
                 sender.sendall(head)
                 sender.sendall(payload)
+
+        if not self._sent(sock, send):
+            return False
+        answered.sent = 0 if no_body else len(payload)
+        return not close and self._goes_on(parser, sock)
+
+    def _sent(self, sock, send) -> bool:
+        """send() an answer; False when it could not all leave: cut off at the send
+        deadline (the connection is then reset), or the client went away."""
+        try:
+            send()
         except SendTimeout as e:
             self.log.info("answer cut off: %s", e)
             reset_on_close(sock)
@@ -376,10 +388,11 @@ class GeventModelWorker(base.Worker):
         except OSError as e:
             self.log.debug("client went away during the answer: %s", e)
             return False
-        answered.sent = 0 if no_body else len(payload)
-        if close:
-            return False
-        # After SIGTERM, a connection goes on only while requests are already waiting.
+        return True
+
+    def _goes_on(self, parser, sock) -> bool:
+        """After an answer that leaves the connection open: after SIGTERM, a connection
+        goes on only while requests are already waiting."""
         return self.alive or buffered(parser) or bytes_waiting(sock)
 
     def _serve_request(self, listener_name, req, sock, addr, parser, answered: "_Answered") -> bool:
@@ -432,17 +445,14 @@ class GeventModelWorker(base.Worker):
             environ.pop("HTTP_TRANSFER_ENCODING", None)
             environ["smserve.worker"] = self
             respiter = self.wsgi(environ, resp.start_response)
-        try:
+        def send():
             for item in respiter:
                 resp.write(item)
             resp.close()
-        except SendTimeout as e:
-            self.log.info("answer cut off: %s", e)
-            reset_on_close(sock)
-            return False
-        except OSError as e:
-            self.log.debug("client went away during the answer: %s", e)
-            return False
+
+        try:
+            if not self._sent(sock, send):
+                return False
         except Exception:
             if resp.headers_sent:
                 # A streamed answer failed part-way: ending the connection without the
@@ -454,10 +464,7 @@ class GeventModelWorker(base.Worker):
             if hasattr(respiter, "close"):
                 respiter.close()
             answered.status, answered.sent = resp.status_code or 0, resp.sent
-        if resp.should_close():
-            return False
-        # After SIGTERM, a connection goes on only while requests are already waiting.
-        return self.alive or buffered(parser) or bytes_waiting(sock)
+        return not resp.should_close() and self._goes_on(parser, sock)
 
 
 class _Answered:
