@@ -33,3 +33,24 @@ def test_failed_load_is_500_with_the_reason():
     server.status, server.error = FAILED, "RuntimeError: bad weights"
     with pytest.raises(ServerError, match="bad weights"):
         server.check_all_ready()
+
+
+def test_a_multi_model_server_is_up_once_every_worker_can_take_a_load(tmp_path):
+    from smserve.engine.multi_model import MultiModelServer
+
+    first, second = (MultiModelServer(Settings(), worker_index=i, workers=2, state_dir=str(tmp_path)) for i in range(2))
+    with pytest.raises(Unavailable, match="starting"):
+        first.check_all_ready()  # torch and the rehearsal load are not in yet
+    first._prepared.set()
+    (tmp_path / "worker-0.ready").touch()
+    with pytest.raises(Unavailable, match="worker\\(s\\) 1 of 2"):
+        first.check_all_ready()
+    second._prepared.set()
+    (tmp_path / "worker-1.ready").touch()
+    (tmp_path / "started").touch()
+    first.check_all_ready()
+    second.check_all_ready()
+    # After the first full start a worker that answers is past its own start (a restarted
+    # one takes no connection before), and no model, loaded or failed, changes /ping.
+    (tmp_path / "worker-1.ready").unlink()
+    first.check_all_ready()

@@ -98,9 +98,22 @@ class MultiModelServer:
         return readiness.fully_started(self.state_dir)
 
     def check_ready(self) -> None:
-        """The server answers from the start: a model that fails to load never fails /ping."""
+        """A model that fails to load never fails /ping, nor any other model."""
 
-    check_all_ready = check_ready
+    def check_all_ready(self) -> None:
+        """/ping: 503 until the server can take a load, i.e. at the first start until every
+        worker has imported torch, rehearsed a load and followed the registry once (~2 s
+        of CPU each; far longer on a cold page cache, and with the GIL held through
+        stretches of it: a 200 before it would be followed by slow or missed pings while
+        SageMaker already counts them). After that first full start the server is up: a
+        restarted worker takes no connection until it has loaded the registered models
+        (worker.py), so a worker that answers is always past its start."""
+        if not self._prepared.is_set():
+            raise Unavailable("the server is starting (torch and a rehearsal load, before the first model)")
+        if self.state_dir and os.path.isdir(self.state_dir) and not readiness.fully_started(self.state_dir):
+            starting = readiness.missing(self.state_dir, self.workers)
+            if starting:
+                raise Unavailable(f"worker(s) {', '.join(map(str, starting))} of {self.workers} still starting")
 
     execution_parameters = ModelServer.execution_parameters
 
@@ -108,8 +121,8 @@ class MultiModelServer:
         import gc
 
         # torch comes in before the first model, so that model's footprint is its own;
-        # on a thread, since an import of seconds on the loop would stall /ping, which
-        # SageMaker sends from the start (the server is up with no model). A rehearsal
+        # on a thread, so that the loop answers /ping (503 until this is done, in every
+        # worker: check_all_ready) and gunicorn's heartbeat meanwhile. A rehearsal
         # load of two tiny models (engine/multi_model._prepare) brings in what a load
         # imports on top of torch.
         self.codec_pool.apply(_prepare)
