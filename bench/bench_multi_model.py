@@ -10,7 +10,8 @@ client (`hey`, apt-get install hey: one digit a request):
 
 - cold load to first answer: POST /models until the first invoke's 200 (the 200 of the
   load comes once every worker has loaded it), then DELETE; for the example digits
-  model and a ~100 MB model (Linear(5120, 5120) in TorchScript). The server's very first
+  model and a ~100 MB model (Linear(5120, 5120)) saved each way, TorchScript and
+  torch.export (their loaders differ in how long they hold the GIL). The server's very first
   load (torch's own start-up in each worker) is shown apart;
 - invoke throughput on one model with 1, 10 and 100 models loaded (copies of the digits
   model under other names) against the single-model server's /invocations;
@@ -22,7 +23,7 @@ client (`hey`, apt-get install hey: one digit a request):
   unloads alone, and during the rotation.
 
 --only ping: the /ping rows alone, in well under a minute: the cold loads (load, invoke,
-unload), then ROOM loads one after another and their unloads one after another, each
+unload; digits, then the big model in each form), then ROOM loads one after another and their unloads one after another, each
 with its /ping p50/p99/max (no single-model server, no hey, no rotation).
 
 Prints one table; the figures for this machine are in docs/performance.md.
@@ -110,17 +111,12 @@ def main() -> None:
     if not EXAMPLE_ARCHIVE.exists():
         sys.exit("bench_multi_model needs the example model: make model")
 
-    import torch
-
     work = Path(tempfile.mkdtemp(prefix="bench_mme_"))
     try:
         body_file = work / "one-digit.json"
         body = json.dumps({"instances": digits(1).tolist()}).encode()
         body_file.write_bytes(body)
-        big = work / "big"
-        big.mkdir()
-        torch.jit.save(torch.jit.script(torch.nn.Linear(5120, 5120)), str(big / "model.pt"))
-        big_mb = (big / "model.pt").stat().st_size / 2**20
+        bigs = big_models(work)
         big_body = json.dumps({"instances": [[0.5] * 5120]}).encode()
         rows: list[tuple[str, str]] = []
 
@@ -134,16 +130,18 @@ def main() -> None:
             load(mme.url, "first", EXAMPLE)
             first_ms = (time.perf_counter() - started) * 1000
             unload(mme.url, "first")
+            rows.append(("first load in a fresh server (each worker's torch start-up)", f"{first_ms:.0f} ms"))
             with Pinger(mme.url + "/ping", period=0.02, timeout=10) as ping_cold:
                 cold_digits = cold_loads(mme.url, EXAMPLE, body, args.cold, "digits")
-                cold_big = cold_loads(mme.url, big, big_body, args.cold_big, "big")
-            rows.append(("first load in a fresh server (each worker's torch start-up)", f"{first_ms:.0f} ms"))
             rows.append((f"cold load to first answer, digits model, x{args.cold}",
                          f"p50 {pct(cold_digits, 50):.0f} ms, p99 {pct(cold_digits, 99):.0f} ms"))
-            rows.append((f"cold load to first answer, {big_mb:.0f} MB model, x{args.cold_big}",
-                         f"p50 {pct(cold_big, 50):.0f} ms, p99 {pct(cold_big, 99):.0f} ms"))
-            rows.append(("/ping while those load", f"p50 {pct(ping_cold.latencies, 50):.1f} ms, "
-                         f"p99 {pct(ping_cold.latencies, 99):.1f} ms, {ping_cold.failures} failed"))
+            rows.append(("/ping while those load", _pings(ping_cold)))
+            for form, (folder, mb) in bigs.items():
+                with Pinger(mme.url + "/ping", period=0.02, timeout=10) as ping_big:
+                    cold_big = cold_loads(mme.url, folder, big_body, args.cold_big, "big")
+                rows.append((f"cold load to first answer, {mb:.0f} MB {form} model, x{args.cold_big}",
+                             f"p50 {pct(cold_big, 50):.0f} ms, p99 {pct(cold_big, 99):.0f} ms"))
+                rows.append(("/ping while those load", _pings(ping_big)))
 
             rows.append((f"single-model server, /invocations, {args.concurrency} clients",
                          f"{base['rps']:.0f} req/s (p99 {base['p99']:.1f} ms){_bad(base)}"))
@@ -208,14 +206,11 @@ def ping_only(args) -> None:
     """--only ping: /ping while models load and unload, and nothing else."""
     if not EXAMPLE.exists():
         sys.exit("bench_multi_model needs the example model: make model")
-    import torch
 
     work = Path(tempfile.mkdtemp(prefix="bench_mme_"))
     try:
         body = json.dumps({"instances": digits(1).tolist()}).encode()
-        big = work / "big"
-        big.mkdir()
-        torch.jit.save(torch.jit.script(torch.nn.Linear(5120, 5120)), str(big / "model.pt"))
+        bigs = big_models(work)
         big_body = json.dumps({"instances": [[0.5] * 5120]}).encode()
         rows: list[tuple[str, str]] = []
         with server(work / "none", args.workers, True, work / "mme.log") as mme:
@@ -223,9 +218,12 @@ def ping_only(args) -> None:
             unload(mme.url, "first")
             with Pinger(mme.url + "/ping", period=0.02, timeout=10) as cold:
                 cold_loads(mme.url, EXAMPLE, body, args.cold, "digits")
-                cold_loads(mme.url, big, big_body, args.cold_big, "big")
-            rows.append((f"/ping while {args.cold} digits + {args.cold_big} big models load, answer, unload",
-                         _pings(cold)))
+            rows.append((f"/ping while {args.cold} digits models load, answer, unload", _pings(cold)))
+            for form, (folder, mb) in bigs.items():
+                with Pinger(mme.url + "/ping", period=0.02, timeout=10) as cold:
+                    cold_loads(mme.url, folder, big_body, args.cold_big, "big")
+                rows.append((f"/ping while {args.cold_big} {mb:.0f} MB {form} models load, answer, unload",
+                             _pings(cold)))
             with Pinger(mme.url + "/ping", period=0.02, timeout=10) as loading:
                 for i in range(args.room):
                     load(mme.url, f"m{i:03d}", EXAMPLE)
@@ -233,7 +231,7 @@ def ping_only(args) -> None:
             with Pinger(mme.url + "/ping", period=0.02, timeout=10) as unloading:
                 for i in range(args.room):
                     unload(mme.url, f"m{i:03d}")
-            rows.append((f"/ping while they unload one after another", _pings(unloading)))
+            rows.append(("/ping while they unload one after another", _pings(unloading)))
         if args.log:
             shutil.copy(work / "mme.log", args.log)
         print(f"multi-model endpoint, {args.workers} workers, {os.cpu_count()} cores, /ping every 20 ms")
@@ -242,6 +240,31 @@ def ping_only(args) -> None:
             print(f"{name:{width}}  {value}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def big_models(work: Path) -> dict[str, tuple[Path, float]]:
+    """One ~100 MB model (Linear(5120, 5120)) in each saved form: TorchScript's loader
+    holds the GIL while it reads the weights, torch.export's is read with it released
+    (engine/weights.py)."""
+    import warnings
+
+    import torch
+
+    layer = torch.nn.Linear(5120, 5120).eval()
+    forms = {}
+    for form, name in (("TorchScript", "model.pt"), ("torch.export", "model.pt2")):
+        folder = work / f"big-{name.replace('.', '-')}"
+        folder.mkdir()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if name == "model.pt":
+                torch.jit.save(torch.jit.script(layer), str(folder / name))
+            else:
+                batch = torch.export.Dim("batch", min=1, max=1024)
+                program = torch.export.export(layer, (torch.zeros(2, 5120),), dynamic_shapes=({0: batch},))
+                torch.export.save(program, str(folder / name))
+        forms[form] = (folder, (folder / name).stat().st_size / 2**20)
+    return forms
 
 
 def _pings(pinger: Pinger) -> str:

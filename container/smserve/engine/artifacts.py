@@ -99,7 +99,10 @@ def load_exported(path: str):
     check(path)
     import torch
 
-    return torch.export.load(path)
+    from smserve.engine.weights import gil_free_reads
+
+    with gil_free_reads():  # the event loop answers meanwhile, /ping included
+        return torch.export.load(path)
 
 
 def load_torchscript(path: str, map_location=None):
