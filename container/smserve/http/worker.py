@@ -52,8 +52,8 @@ from gunicorn.workers import base
 
 from smserve.http import access
 from smserve.http.body import ClientError, asks_to_close, check_head, joined_headers, parse_error, read_body
-from smserve.http.connection import (Close, Connection, RequestSource, buffered, bytes_waiting, connection_cap,
-                                     sweep_idle)
+from smserve.http.connection import (Close, Connection, RequestSource, SettledConfig, buffered, bytes_waiting,
+                                     connection_cap, sweep_idle)
 from smserve.http.sending import SMALL_ANSWER, Sender, SendTimeout, answer_head, reset_on_close, send_error
 from smserve.routes.table import Request, RouteTable, reason
 from smserve.http import websocket
@@ -105,6 +105,7 @@ class GeventModelWorker(base.Worker):
         # that needs a few of them waited tens of ms behind a big CSV body.
         sys.setswitchinterval(GIL_SWITCH_S)
         self.max_connections = connection_cap(self.settings.max_connections, self.cfg.workers)
+        self.parser_cfg = SettledConfig(self.cfg)
         super().init_process()
 
     def init_signals(self):
@@ -274,7 +275,7 @@ class GeventModelWorker(base.Worker):
 
     def _serve_connection(self, listener, conn: Connection, addr) -> None:
         sock = conn.sock
-        parser = RequestParser(self.cfg, RequestSource(conn), addr)
+        parser = RequestParser(self.parser_cfg, RequestSource(conn), addr)
         # Not listener.getsockname(): at SIGTERM the listener closes while the
         # connections it accepted are still served.
         listener_name = self.listener_names[listener]
