@@ -47,6 +47,9 @@ FOLLOW_S = 0.02
 ROOM_FILE = "room.json"
 ROOM_SHARE = 0.9  # of the memory left free when the first model came
 MODEL_FILES = ("model.pt2", "model.pt")
+# A TorchScript model this big holds a worker's GIL for ~0.2 s or more while it loads.
+BIG_TORCHSCRIPT_BYTES = 256 * 1024 * 1024
+TORCHSCRIPT_GIL_S_PER_GB = 0.7
 
 
 class _Local:
@@ -227,6 +230,7 @@ class MultiModelServer:
     def load(self, name: str, url: str) -> None:
         """POST /models: returns once every worker has loaded and warmed the model."""
         _check_model_folder(url)
+        _warn_of_a_big_torchscript(name, url)
         self._prepared.wait()  # (a call in the worker's first seconds, while torch comes in)
         self._check_room_before()
         entry = self.shared.claim(name, url)
@@ -382,6 +386,21 @@ def _check_model_folder(url: str) -> None:
             and not os.path.isfile(os.path.join(url, "code", "inference.py")):
         raise BadRequest(f"{url} holds no model: expected {' or '.join(MODEL_FILES)}, or code/inference.py "
                          "with a model_fn")
+
+
+def _warn_of_a_big_torchscript(name: str, url: str) -> None:
+    """torch.jit.load reads a TorchScript model's weights holding the GIL (~0.7 ms a MB
+    on the development machine), and every worker answers nothing meanwhile, /ping
+    included; a torch.export model's are read with it released (engine/weights.py)."""
+    path = os.path.join(url, "model.pt")
+    if os.path.isfile(os.path.join(url, "model.pt2")) or not os.path.isfile(path):
+        return
+    size = os.path.getsize(path)
+    if size >= BIG_TORCHSCRIPT_BYTES:
+        log.warning("multi-model: %r is a %.0f MB TorchScript model: torch.jit.load holds the GIL while it reads "
+                    "the weights, and each worker answers nothing (/ping included) for that long, about %.1f s "
+                    "per GB; save it with torch.export (model.pt2), whose weights load with the GIL released",
+                    name, size / memory.MB, TORCHSCRIPT_GIL_S_PER_GB)
 
 
 def _description(entry: Entry) -> dict:
