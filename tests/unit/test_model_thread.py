@@ -106,3 +106,165 @@ def test_even_a_base_exception_comes_back_to_the_caller(raised):
     assert not ok and isinstance(value, raised)
     assert thread.call(lambda: 1) == (True, 1)
     thread.stop()
+
+
+# ---------------------------------------------------------------- a caller that goes away
+# A request's greenlet may be killed (its connection cut at the graceful timeout) or
+# time out while its call still runs on the thread. The thread cannot be stopped, so
+# its result still comes back: it must be dropped harmlessly, never handed to another
+# call, never raised in the hub, and the watcher must go back to idle once it is in.
+
+
+@pytest.fixture
+def hub_errors(monkeypatch):
+    """What the hub was asked to report (an error raised in a callback or a switch)."""
+    hub = gevent.get_hub()
+    seen = []
+    original = hub.handle_error
+
+    def record(context, kind, value, tb):
+        seen.append((context, kind, value))
+        return original(context, kind, value, tb)
+
+    monkeypatch.setattr(hub, "handle_error", record, raising=False)
+    return seen
+
+
+def _poll(probe, timeout=5.0):
+    """probe() once true, yielding to the loop between looks (so results are delivered)."""
+    deadline = time.monotonic() + timeout
+    while not probe() and time.monotonic() < deadline:
+        gevent.sleep(0.005)
+    return probe()
+
+
+def _held(result):
+    """A fn for the thread that runs until released, then returns result; and its gates."""
+    running, release = threading.Event(), threading.Event()
+
+    def fn():
+        running.set()
+        assert release.wait(10), "never released"
+        return result
+
+    return fn, running, release
+
+
+def _wait_running(event):
+    assert _poll(event.is_set), "the thread never started the call"
+
+
+@pytest.mark.parametrize("how", ["kill", "kill-nowait", "timeout-exception", "timeout-false"])
+def test_a_caller_killed_while_its_call_runs_gets_nothing_and_breaks_nothing(hub_errors, how):
+    thread = ModelThread()
+    fn, running, release = _held("the killed call's result")
+    outcome = []
+
+    def caller():
+        if how == "timeout-exception":
+            try:
+                with gevent.Timeout(0.05):
+                    outcome.append(thread.call(fn))
+            except gevent.Timeout:
+                outcome.append("timed out")
+        elif how == "timeout-false":
+            with gevent.Timeout(0.05, False):  # (the block is left quietly)
+                outcome.append(thread.call(fn))
+                return
+            outcome.append("timed out")
+        else:
+            outcome.append(thread.call(fn))
+
+    job = gevent.spawn(caller)
+    _wait_running(running)
+    if how == "kill":
+        job.kill(block=True, timeout=5)
+    elif how == "kill-nowait":
+        gevent.kill(job)  # (returns at once: the exit lands from the loop)
+        assert _poll(lambda: job.dead)
+    else:
+        job.join(5)
+    assert job.dead
+    if how.startswith("timeout"):
+        assert job.successful() and outcome == ["timed out"]
+    else:
+        assert isinstance(job.value, gevent.GreenletExit)
+    assert outcome in ([], ["timed out"])
+    # The call is still out: the loop must still be kept alive for its result.
+    assert thread._out == 1 and thread._signal.ref is True
+    # Another call, queued behind the running one, gets its own result, not that one.
+    later = gevent.spawn(thread.call, lambda: "the later call's result")
+    gevent.sleep(0.01)
+    release.set()
+    later.join(5)
+    assert later.value == (True, "the later call's result")
+    assert _poll(lambda: thread._out == 0)
+    assert thread._signal.ref is False
+    assert outcome in ([], ["timed out"])  # nothing reached the dead caller
+    # And the thread goes on serving, one call at a time and many at once.
+    assert thread.call(lambda: 41 + 1) == (True, 42)
+    jobs = [gevent.spawn(thread.call, lambda i=i: i) for i in range(50)]
+    gevent.joinall(jobs, timeout=5, raise_error=True)
+    assert [j.value for j in jobs] == [(True, i) for i in range(50)]
+    assert thread._out == 0 and thread._signal.ref is False
+    assert hub_errors == []
+    thread.stop()
+
+
+def test_a_greenlet_that_times_out_and_calls_again_gets_its_new_result_not_the_old_one(hub_errors):
+    """The same greenlet, after its Timeout, calls again while the first call still
+    runs: the first result must not answer the second call."""
+    thread = ModelThread()
+    fn, running, release = _held("stale")
+    got = []
+
+    def caller():
+        try:
+            with gevent.Timeout(0.05):
+                thread.call(fn)
+        except gevent.Timeout:
+            pass
+        _wait_running(running)
+        gevent.spawn_later(0.02, release.set)  # the old call ends while the new one waits
+        got.append(thread.call(lambda: "fresh"))
+        got.append(thread.call(lambda: "fresher"))
+
+    gevent.spawn(caller).join(5)
+    assert got == [(True, "fresh"), (True, "fresher")]
+    assert thread._out == 0 and thread._signal.ref is False
+    assert hub_errors == []
+    thread.stop()
+
+
+def test_killing_many_waiting_callers_leaves_the_others_their_own_results(hub_errors):
+    """Half of the callers queued on the thread are killed while they wait (some while
+    their call runs, most before it has started): each survivor gets exactly its own
+    result, and the count of calls out comes back to zero."""
+    thread = ModelThread()
+    gate = threading.Event()
+    thread_ran = []
+
+    def work(i):
+        gate.wait(10)
+        thread_ran.append(i)
+        time.sleep(0.0005)
+        return i
+
+    jobs = [gevent.spawn(thread.call, work, i) for i in range(60)]
+    gevent.sleep(0.01)  # every caller is now waiting in call()
+    assert thread._out == 60
+    victims = jobs[::2]
+    gevent.killall(victims, block=True, timeout=5)
+    assert all(j.dead for j in victims)
+    gate.set()
+    survivors = jobs[1::2]
+    gevent.joinall(survivors, timeout=10, raise_error=True)
+    assert [j.value for j in survivors] == [(True, i) for i in range(1, 60, 2)]
+    assert all(isinstance(j.value, gevent.GreenletExit) for j in victims)
+    # Every call ran (the thread cannot be stopped mid-queue), in order.
+    assert _poll(lambda: thread._out == 0)
+    assert sorted(thread_ran) == thread_ran == list(range(60))
+    assert thread._signal.ref is False
+    assert thread.call(lambda: "after") == (True, "after")
+    assert hub_errors == []
+    thread.stop()
