@@ -14,6 +14,7 @@ import gevent
 import numpy as np
 from gevent.threadpool import ThreadPool
 
+from smserve import metrics
 from smserve.engine import hardware, readiness
 from smserve.engine.artifacts import ModelLoadError
 from smserve.codecs import simple
@@ -120,6 +121,8 @@ class ModelServer:
         """Unload (multi-model endpoints): the inference thread ends and the model goes
         with it; the caller gives the memory back (engine/memory.give_back)."""
         self.runner.stats.ready(False)
+        if self.runner.stats.name is not None:
+            metrics.forget_model(self.runner.stats.name)
         self.runner.stop()
         self.status, self.error, self.model = FAILED, "unloaded", None
 

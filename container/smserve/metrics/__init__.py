@@ -20,6 +20,7 @@ _registry = None  # single-process mode's registry (None in multiprocess mode)
 _requests: dict = {}  # (route, code) -> (its Count, its route's Observations)
 _durations: dict = {}  # route -> Observations
 _models: dict = {}  # name -> ModelStats
+_users: dict = {}  # name -> how many runners use its ModelStats
 
 
 def enable() -> None:
@@ -67,13 +68,62 @@ def request(route: str, status: int, seconds: float) -> None:
 
 
 def model(name: str) -> "ModelStats":
-    """One model's metrics (its runner's queue and passes, its readiness)."""
+    """One model's metrics (its runner's queue and passes, its readiness); each call is
+    one user of them until its forget_model (a model reloaded under its name while its
+    last generation still unloads shares them with it)."""
     stats = _models.get(name)
     if stats is None:
         stats = ModelStats(name)
         if _families is not None:
             _models[name] = stats
+    if _families is not None:
+        _users[name] = _users.get(name, 0) + 1
     return stats
+
+
+def forget_model(name: str) -> None:
+    """An unloaded model's metrics, let go of in this process. A multi-model endpoint
+    loads and unloads thousands of distinct models; each kept ~20 prometheus values,
+    its tallies and its children here for good: memory, and objects that every later
+    collection (an unload's, engine/memory.collect) walked, /ping waiting (over a
+    1,000-model rotation: +107 objects a model, an unload's collection 9 -> 24 ms after
+    200). What they counted stays in this worker's files (multiprocess mode): its series
+    keep their sums, and a later load of the same name counts on from them. In
+    single-process mode the values are the series, so they stay."""
+    if _families is None or _registry is not None or _models.get(name) is None:
+        return
+    _users[name] = _users.get(name, 1) - 1
+    if _users[name] > 0:
+        return  # another generation of it still counts through them
+    del _users[name]
+    flush()  # its tallies' news first
+    del _models[name]
+    doomed = []
+    f = _families
+    for family in (f.inferences, f.batches, f.queue_duration, f.pending, f.model_ready):
+        child = family._metrics.get((name,))  # noqa: SLF001 - labels() would make one
+        if child is not None:
+            doomed += [getattr(child, attr) for attr in ("_value", "_sum") if hasattr(child, attr)]
+            doomed += list(getattr(child, "_buckets", ()))
+            family.remove(name)
+    _release_values(doomed)
+
+
+def _release_values(doomed: list) -> None:
+    """prometheus_client's multiprocess values list every value ever made (to re-open
+    their files after a fork) and never drop one: these go from that list too. Found in
+    the value class's closure (prometheus_client 0.26, pinned); a version without it
+    keeps them, as before."""
+    from prometheus_client import values as prometheus_values
+
+    init = getattr(prometheus_values.ValueClass, "__init__", None)
+    cells = dict(zip(getattr(getattr(init, "__code__", None), "co_freevars", ()), getattr(init, "__closure__", None) or ()))
+    listed, lock = cells.get("values"), cells.get("lock")
+    if listed is None or lock is None or not doomed:
+        return
+    gone = {id(value) for value in doomed}
+    with lock.cell_contents:
+        listed.cell_contents[:] = [v for v in listed.cell_contents if id(v) not in gone]
 
 
 class ModelStats:
