@@ -14,7 +14,8 @@ client (`hey`, apt-get install hey: one digit a request):
   torch.export (their loaders differ in how long they hold the GIL). The server's very first
   load (torch's own start-up in each worker) is shown apart;
 - invoke throughput on one model with 1, 10 and 100 models loaded (copies of the digits
-  model under other names) against the single-model server's /invocations;
+  model under other names) against the single-model server's /invocations, the two
+  servers up side by side and measured in alternating rounds (median of --rounds);
 - a rotation through ROTATION archives (hard links to build/model.tar.gz, so the folder
   costs nothing; each is unpacked once, ~130 kB) with the local driver
   (local_test/multi_model.py) holding at most ROOM loaded, least recently used out:
@@ -35,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -96,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=int, default=5, help="each throughput run")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating throughput rounds, MME and single")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--cold", type=int, default=20, help="cold loads of the digits model")
     parser.add_argument("--cold-big", type=int, default=8, help="cold loads of the ~100 MB model")
@@ -120,11 +123,6 @@ def main() -> None:
         big_body = json.dumps({"instances": [[0.5] * 5120]}).encode()
         rows: list[tuple[str, str]] = []
 
-        # The single-model server first, alone, so nothing else runs beside it.
-        with server(EXAMPLE, args.workers, False, work / "single.log") as single:
-            hey(single.url + "/invocations", body_file, 2, args.concurrency)  # warm up
-            base = hey(single.url + "/invocations", body_file, args.seconds, args.concurrency)
-
         with server(work / "none", args.workers, True, work / "mme.log") as mme:
             started = time.perf_counter()
             load(mme.url, "first", EXAMPLE)
@@ -143,22 +141,31 @@ def main() -> None:
                              f"p50 {pct(cold_big, 50):.0f} ms, p99 {pct(cold_big, 99):.0f} ms"))
                 rows.append(("/ping while those load", _pings(ping_big)))
 
-            rows.append((f"single-model server, /invocations, {args.concurrency} clients",
-                         f"{base['rps']:.0f} req/s (p99 {base['p99']:.1f} ms){_bad(base)}"))
             loaded = 0
             pings_loading: list[float] = []
-            for count in (1, 10, 100):
-                with Pinger(mme.url + "/ping", period=0.02, timeout=10) as pinger:
-                    while loaded < count:
-                        load(mme.url, f"m{loaded:03d}", EXAMPLE)
-                        loaded += 1
-                pings_loading += pinger.latencies
-                url = mme.url + "/models/m000/invoke"
-                hey(url, body_file, 2, args.concurrency)  # warm up
-                result = hey(url, body_file, args.seconds, args.concurrency)
-                rows.append((f"MME, {count} model{'s' * (count > 1)} loaded, invoking one",
-                             f"{result['rps']:.0f} req/s (p99 {result['p99']:.1f} ms), "
-                             f"{result['rps'] / base['rps']:.2f}x single{_bad(result)}"))
+            # The single-model server beside it (idle while the other is measured), and
+            # the two measured in alternating rounds: the host's load moves more between
+            # minutes than between the servers.
+            with server(EXAMPLE, args.workers, False, work / "single.log") as single:
+                urls = {"single": single.url + "/invocations", "mme": mme.url + "/models/m000/invoke"}
+                for count in (1, 10, 100):
+                    with Pinger(mme.url + "/ping", period=0.02, timeout=10) as pinger:
+                        while loaded < count:
+                            load(mme.url, f"m{loaded:03d}", EXAMPLE)
+                            loaded += 1
+                    pings_loading += pinger.latencies
+                    for url in urls.values():
+                        hey(url, body_file, 2, args.concurrency)  # warm up
+                    runs: dict[str, list[dict]] = {"single": [], "mme": []}
+                    for _ in range(args.rounds):
+                        for kind, url in urls.items():
+                            runs[kind].append(hey(url, body_file, args.seconds, args.concurrency))
+                    mme_rps, single_rps = (statistics.median(r["rps"] for r in runs[k]) for k in ("mme", "single"))
+                    rows.append((f"MME, {count} model{'s' * (count > 1)} loaded, invoking one; single-model "
+                                 f"/invocations (median of {args.rounds} alternating rounds)",
+                                 f"{mme_rps:.0f} vs {single_rps:.0f} req/s: {mme_rps / single_rps:.2f}x single "
+                                 f"(MME p99 {max(r['p99'] or 0 for r in runs['mme']):.1f} ms)"
+                                 + "".join(_bad(r) for r in runs["mme"] + runs["single"])))
 
             # The rotation: every model through the driver's LRU of `room`.
             archives = work / "archives"
