@@ -34,6 +34,7 @@ from gevent.lock import Semaphore
 from gevent.threadpool import ThreadPool
 
 from smserve.engine import memory, readiness
+from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT
 from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry
 from smserve.engine.server import FAILED, ModelServer
 from smserve.errors import BadRequest, Conflict, InsufficientStorage, NotFound, Unavailable
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 FOLLOW_S = 0.02
 ROOM_FILE = "room.json"
 ROOM_SHARE = 0.9  # of the memory left free when the first model came
-MODEL_FILES = ("model.pt2", "model.pt")
+MODEL_FILES = (EXPORTED, TORCHSCRIPT)
 # A TorchScript model this big holds a worker's GIL for ~0.2 s or more while it loads.
 BIG_TORCHSCRIPT_BYTES = 256 * 1024 * 1024
 TORCHSCRIPT_GIL_S_PER_GB = 0.7
@@ -113,10 +114,9 @@ class MultiModelServer:
         (worker.py), so a worker that answers is always past its start."""
         if not self._prepared.is_set():
             raise Unavailable("the server is starting (torch and a rehearsal load, before the first model)")
-        if self.state_dir and os.path.isdir(self.state_dir) and not readiness.fully_started(self.state_dir):
-            starting = readiness.missing(self.state_dir, self.workers)
-            if starting:
-                raise Unavailable(f"worker(s) {', '.join(map(str, starting))} of {self.workers} still starting")
+        starting = readiness.starting(self.state_dir, self.workers)
+        if starting:
+            raise Unavailable(f"worker(s) {', '.join(map(str, starting))} of {self.workers} still starting")
 
     execution_parameters = ModelServer.execution_parameters
 
@@ -216,9 +216,7 @@ class MultiModelServer:
         while local.inflight:
             gevent.sleep(FOLLOW_S)  # requests already running on it finish first
         self.models.pop(local.entry.name, None)
-        loaded = local.server.model
-        generated = _generated_code(loaded.model) if loaded is not None else set()
-        del loaded
+        generated = _generated_code(local.server.model.model) if local.server.model is not None else set()
         local.server.close()
         local.server = None
         _clear_torch_caches(generated)
@@ -445,15 +443,15 @@ def _warn_of_a_big_torchscript(name: str, url: str) -> None:
     """torch.jit.load reads a TorchScript model's weights holding the GIL (~0.7 ms a MB
     on the development machine), and every worker answers nothing meanwhile, /ping
     included; a torch.export model's are read with it released (engine/weights.py)."""
-    path = os.path.join(url, "model.pt")
-    if os.path.isfile(os.path.join(url, "model.pt2")) or not os.path.isfile(path):
+    path = os.path.join(url, TORCHSCRIPT)
+    if os.path.isfile(os.path.join(url, EXPORTED)) or not os.path.isfile(path):
         return
     size = os.path.getsize(path)
     if size >= BIG_TORCHSCRIPT_BYTES:
         log.warning("multi-model: %r is a %.0f MB TorchScript model: torch.jit.load holds the GIL while it reads "
                     "the weights, and each worker answers nothing (/ping included) for that long, about %.1f s "
-                    "per GB; save it with torch.export (model.pt2), whose weights load with the GIL released",
-                    name, size / memory.MB, TORCHSCRIPT_GIL_S_PER_GB)
+                    "per GB; save it with torch.export (%s), whose weights load with the GIL released",
+                    name, size / memory.MB, TORCHSCRIPT_GIL_S_PER_GB, EXPORTED)
 
 
 def _description(entry: Entry) -> dict:

@@ -35,6 +35,14 @@ def missing(state_dir: str, workers: int) -> list[int]:
     return [i for i in range(workers) if not os.path.exists(marker(state_dir, i))]
 
 
+def starting(state_dir: str | None, workers: int) -> list[int]:
+    """/ping's question at the first start: the workers not ready yet; none once every
+    worker was ready at least once (or with no shared folder to ask)."""
+    if not state_dir or not os.path.isdir(state_dir) or fully_started(state_dir):
+        return []
+    return missing(state_dir, workers)
+
+
 def fully_started(state_dir: str | None) -> bool:
     """Every worker was ready at least once since the server started."""
     return bool(state_dir) and os.path.exists(os.path.join(state_dir, STARTED))

@@ -137,9 +137,7 @@ class ModelServer:
         """/ping: at the first start, this worker and every other one have loaded their
         model; after it, this worker serves (a restarting one takes no connection)."""
         self.check_ready()
-        if not self.state_dir or not os.path.isdir(self.state_dir) or readiness.fully_started(self.state_dir):
-            return
-        loading = readiness.missing(self.state_dir, self.workers)
+        loading = readiness.starting(self.state_dir, self.workers)
         if loading:
             raise Unavailable(f"model is loading in worker(s) {', '.join(map(str, loading))} of {self.workers}")
 

@@ -19,12 +19,9 @@ the GIL for as long (docs/multi-model.md says so).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import struct
 import threading
-
-log = logging.getLogger(__name__)
 
 PIECE = 4 << 20
 _LOCAL_HEADER = struct.Struct("<I4xH16xHH")  # signature, compression method, name and extra lengths
@@ -49,7 +46,7 @@ class _Records:
         import torch
 
         size = self._reader.get_record_size(name)
-        if size != numel * torch.empty(0, dtype=dtype).element_size():
+        if size != numel * dtype.itemsize:
             return self._reader.get_storage_from_record(name, numel, dtype)
         with open(self._path, "rb", buffering=0) as f:
             start = _data_offset(f.fileno(), self._reader.get_record_header_offset(name))
