@@ -49,10 +49,16 @@ def _tensors(program):
     return {**program.state_dict, **program.constants}
 
 
-def test_the_same_weights_and_answers_as_torchs_own_reader(saved, monkeypatch):
-    reads = []
+@pytest.fixture
+def reads(monkeypatch) -> list[str]:
+    """The records read through os.preadv (read_into), by name."""
+    names = []
     real = weights.read_into
-    monkeypatch.setattr(weights, "read_into", lambda *a: reads.append(a[3]) or real(*a))
+    monkeypatch.setattr(weights, "read_into", lambda *a: names.append(a[3]) or real(*a))
+    return names
+
+
+def test_the_same_weights_and_answers_as_torchs_own_reader(saved, reads):
     theirs = torch.export.load(str(saved))
     with weights.gil_free_reads():
         ours = torch.export.load(str(saved))
@@ -153,9 +159,6 @@ def test_another_thread_runs_while_one_weight_is_read(tmp_path, monkeypatch):
     assert size == 2048 * 4096 * 4 and moved > 0
 
 
-def test_artifacts_loads_exported_programs_this_way(saved, tmp_path, monkeypatch):
-    reads = []
-    real = weights.read_into
-    monkeypatch.setattr(weights, "read_into", lambda *a: reads.append(a[3]) or real(*a))
+def test_artifacts_loads_exported_programs_this_way(saved, reads):
     program = artifacts.load_exported(str(saved))
     assert reads and "a.weight" in program.state_dict
