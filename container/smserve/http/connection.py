@@ -190,6 +190,9 @@ class SettledConfig:
 
     def __init__(self, cfg):
         self._cfg = cfg
+        # Each peer address's trust for forwarded headers (http/head.py), as gunicorn
+        # decides it from forwarded_allow_ips.
+        self.trusted_peers: dict[str, bool] = {}
 
     def __getattr__(self, name):
         value = getattr(self._cfg, name)

@@ -47,10 +47,10 @@ from gevent import socket as gevent_socket
 from gevent.server import StreamServer
 from gunicorn.http import errors as http_errors
 from gunicorn.http import wsgi
-from gunicorn.http.parser import RequestParser
 from gunicorn.workers import base
 
 from smserve.http import access
+from smserve.http.head import PlainHeadParser
 from smserve.http.body import ClientError, asks_to_close, check_head, joined_headers, parse_error, read_body
 from smserve.http.connection import (Close, Connection, RequestSource, SettledConfig, buffered, bytes_waiting,
                                      connection_cap, sweep_idle)
@@ -275,7 +275,7 @@ class GeventModelWorker(base.Worker):
 
     def _serve_connection(self, listener, conn: Connection, addr) -> None:
         sock = conn.sock
-        parser = RequestParser(self.parser_cfg, RequestSource(conn), addr)
+        parser = PlainHeadParser(self.parser_cfg, RequestSource(conn), addr)
         # Not listener.getsockname(): at SIGTERM the listener closes while the
         # connections it accepted are still served.
         listener_name = self.listener_names[listener]
