@@ -5,8 +5,8 @@ and a str decode per line, the peer's address parsed for the forwarded-headers c
 every request), a sixth of a batch-1 request's CPU here. Most heads are plain: an
 origin-form target, HTTP/1.0 or 1.1, `Name: value` lines of allowed bytes. Such a head
 is read by two regular expressions here (~13 us) and each field is then judged by
-gunicorn's own header policy (singleton fields, Expect, scheme headers, underscores), so the request comes out
-exactly as gunicorn's parser makes it. Anything else (a head not all read yet, a bare
+gunicorn's own header policy (singleton fields, Expect, scheme headers, underscores),
+so the request comes out exactly as gunicorn's parser makes it. Anything else (a head not all read yet, a bare
 LF, obsolete line folding, a limit reached, an odd target or method, the PROXY
 protocol) goes to gunicorn's parser from its first byte, which answers as it always
 did.
