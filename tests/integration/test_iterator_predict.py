@@ -50,14 +50,22 @@ def predict_fn(data, model):
 '''
 
 
+# Passes of 4 records: a request of more is several passes, as long as the server does
+# not know yet that predict_fn streams.
+SMALL_PASSES = {"SMSERVE_MAX_BATCH_SIZE": "4"}
+
+
 @pytest.fixture(scope="module")
 def servers(example_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("iterators")
     builtin = ServerProcess(copy_model(example_model_dir, tmp / "builtin", BUILTIN_DECODER), log_path=tmp / "b.log")
     own = ServerProcess(model_dir_with(tmp, OWN_DECODER, "own"), log_path=tmp / "o.log")
-    start_all([builtin, own])
-    yield builtin, own
-    for server in (builtin, own):
+    # Its first request is the module's only one: a stream not yet known of.
+    small = ServerProcess(copy_model(example_model_dir, tmp / "small", BUILTIN_DECODER), SMALL_PASSES,
+                          log_path=tmp / "s.log")
+    start_all([builtin, own, small])
+    yield builtin, own, small
+    for server in (builtin, own, small):
         server.terminate()
 
 
@@ -69,6 +77,20 @@ def builtin(servers):
 @pytest.fixture
 def own(servers):
     return servers[1]
+
+
+def test_a_first_request_of_several_passes_is_streamed_whole_in_a_line_format(servers, digits):
+    """Each pass answered with an iterator before the server knew predict_fn streams:
+    one stream cannot be made of several, so the request runs as one call."""
+    small = servers[2]
+    with requests.post(small.url + "/invocations", json={"instances": rows(digits, 10)}, stream=True,
+                       headers={"Accept": "application/jsonlines"}, timeout=30) as r:
+        assert r.status_code == 200, r.text
+        assert r.headers["Content-Type"] == "application/jsonlines"
+        records = [json.loads(line) for line in r.text.splitlines()]
+    assert [record["row"] for record in records] == list(range(10))
+    r = requests.post(small.url + "/invocations", json={"instances": rows(digits, 9)}, timeout=30)
+    assert r.status_code == 200 and len(r.text.splitlines()) == 9, r.text
 
 
 def rows(digits, n: int) -> list:

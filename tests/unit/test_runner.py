@@ -283,3 +283,49 @@ def test_a_request_taken_by_the_batcher_is_not_overtaken_by_a_full_one_read_afte
     hold.release()
     gevent.joinall([first, small], raise_error=True)
     assert order == [1, 2, 3]
+
+
+class StreamingModel:
+    """A predict_fn that answers with an iterator of its rows; records each call's rows
+    and which iterators were closed unread."""
+
+    def __init__(self):
+        self.calls = []
+        self.closed = []
+
+    def __call__(self, inputs, context=None):
+        self.calls.append(len(inputs["x"]))
+        return _Rows(inputs["x"].tolist(), lambda call=len(self.calls): self.closed.append(call))
+
+
+class _Rows:
+    def __init__(self, rows, on_close):
+        self.rows, self.close = iter(rows), on_close
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.rows)
+
+
+def test_a_request_bigger_than_the_max_batch_that_streams_is_one_call_on_all_its_records():
+    """Each pass answered with an iterator: they are closed, and the request runs whole."""
+    model = StreamingModel()
+    runner = Runner()
+    runner.start(model, max_batch_size=16)
+    x = np.arange(50 * 2, dtype=np.float32).reshape(50, 2)
+    out = runner.infer({"x": x})
+    assert list(out) == x.tolist()
+    assert model.calls == [16, 16, 16, 2, 50]
+    assert sorted(model.closed) == [1, 2, 3, 4]  # the passes' iterators, unread
+
+
+def test_pass_by_pass_a_request_that_streams_comes_as_its_one_iterator():
+    model = StreamingModel()
+    runner = Runner()
+    runner.start(model, max_batch_size=16)
+    x = np.arange(20 * 2, dtype=np.float32).reshape(20, 2)
+    passes = list(runner.infer_by_pass({"x": x}))
+    assert len(passes) == 1 and list(passes[0]) == x.tolist()
+    assert model.calls == [16, 4, 20] and sorted(model.closed) == [1, 2]

@@ -25,6 +25,7 @@ from gevent.queue import Queue
 from gevent import monkey
 
 from smserve import metrics
+from smserve.engine.hooks import is_stream
 from smserve.engine.model_thread import ModelThread
 from smserve.errors import BadRequest, HTTPError, ServerError
 
@@ -133,6 +134,8 @@ class Runner:
         results = list(self._queued(inputs))
         if len(results) == 1:
             return results[0]
+        if any(is_stream(r) for r in results):
+            return self._whole(results, inputs, context)
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     def passes(self, inputs: Arrays) -> int:
@@ -148,7 +151,28 @@ class Runner:
         if outputs is not _QUEUED:
             yield outputs
             return
-        yield from self._queued(inputs)
+        passes = self._queued(inputs)
+        first = next(passes)
+        if is_stream(first):
+            yield self._whole([first, *passes], inputs, context)
+            return
+        yield first
+        yield from passes
+
+    def _whole(self, results: list, inputs: Arrays, context):
+        """The model answered the passes of a request bigger than the max batch size with
+        iterators (a predict_fn that streams, found out on this request): one stream
+        cannot be made of several, so they are closed unread and the request runs as one
+        call on all its records, as every request does once the model is known to
+        stream (hooks.streams: the hooks' path, never batched)."""
+        for result in results:
+            if is_stream(result) and hasattr(result, "close"):
+                self.call(result.close)
+        try:
+            return self._pass(_rows(inputs), self._predict, inputs, context)
+        except HTTPError as e:
+            log_model_failure(e)
+            raise
 
     def _direct(self, inputs: Arrays, context):
         """The outputs of a request that runs as one pass of its own, outside the

@@ -284,9 +284,12 @@ def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
         # the first lines go out before the last pass runs. The first pass runs before
         # the status line is sent: a model that fails on it gets its 500 (the worker
         # sends nothing until the body's first bytes exist, and then it is too late).
-        passes = _lines_by_pass(server, inputs, accept, labels)
-        first = next(passes)
-        return Reply(_resumed(first, passes), {"Content-Type": accept})
+        by_pass = server.infer_by_pass(inputs)
+        first = next(by_pass)
+        if is_stream(first):  # (a predict_fn that streams: the whole request's one iterator)
+            return streamed_reply(server, message, first)
+        payload, _ = server.codec(_nbytes(first), simple.encode, first, accept, labels)
+        return Reply(_resumed(payload, _lines_by_pass(server, by_pass, accept, labels)), {"Content-Type": accept})
     outputs = server.infer(inputs, _predict_context(server, message))
     if is_stream(outputs):
         return streamed_reply(server, message, outputs)
@@ -304,14 +307,19 @@ def _predict_context(server, message: Message | None):
     return message.context
 
 
-def _lines_by_pass(server, inputs, accept: str, labels) -> Iterator[bytes]:
-    for outputs in server.infer_by_pass(inputs):
-        if is_stream(outputs):
-            server.close_stream(outputs)
-            raise ServerError("predict_fn returned an iterator for a request of several forward passes (more "
-                              "records than the max batch size): a streamed answer must come from one pass")
-        payload, _ = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
-        yield payload
+def _lines_by_pass(server, by_pass, accept: str, labels) -> Iterator[bytes]:
+    """The lines of the passes after the first. (Closed before it starts, by_pass is
+    closed as it is let go of.)"""
+    try:
+        for outputs in by_pass:
+            if is_stream(outputs):
+                server.close_stream(outputs)
+                raise ServerError("predict_fn returned an iterator for a pass of a request whose first pass it "
+                                  "answered with arrays: a streamed answer must come from one call")
+            payload, _ = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
+            yield payload
+    finally:
+        by_pass.close()
 
 
 def _resumed(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
