@@ -53,3 +53,25 @@ def test_a_value_that_would_break_the_head_is_refused(value):
 def test_a_value_outside_latin_1_is_refused():
     with pytest.raises(UnicodeEncodeError):
         sending.answer_head((1, 1), 200, [("X-Custom", "snow\u2603")], 0, close=False)
+
+
+def test_an_error_answer_has_server_and_date_too():
+    import json
+    import socket
+
+    from gevent import socket as gevent_socket
+
+    ours, theirs = gevent_socket.socketpair()  # (the worker's sockets are gevent's)
+    try:
+        theirs.shutdown(socket.SHUT_WR)  # nothing more to read: the lingering read ends at once
+        sending.send_error(ours, 413, "too big", {"Retry-After": "1"})
+        answer = theirs.recv(65536)
+    finally:
+        ours.close()
+        theirs.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, fields = _fields(head + b"\r\n\r\n")
+    assert status.startswith("HTTP/1.1 413 ")
+    assert fields["Server"] == "gunicorn" and fields["Connection"] == "close" and fields["Retry-After"] == "1"
+    assert abs(email.utils.parsedate_to_datetime(fields["Date"]).timestamp() - time.time()) < 5
+    assert json.loads(body) == {"error": "too big"} and fields["Content-Length"] == str(len(body))

@@ -107,10 +107,11 @@ class Sender:
 
 
 def send_error(sock, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-    """A JSON error answer, then the connection closes."""
+    """A JSON error answer, then the connection closes. Server and Date as on every
+    other answer (RFC 9110 asks a Date of every 4xx a server with a clock sends)."""
     body = json_error_body(message)
     extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-    head = (f"HTTP/1.1 {status} {reason(status)}\r\n"
+    head = (f"HTTP/1.1 {status} {reason(status)}\r\nServer: {SERVER}\r\nDate: {http_date()}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
     try:
         with gevent.Timeout(5, False):
