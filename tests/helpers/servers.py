@@ -60,3 +60,14 @@ def wait_until(probe: Callable[[], T], timeout: float = 10, interval: float = 0.
 def ws_url(server: ServerProcess, query: str = "", path: str = "/invocations-bidirectional-stream") -> str:
     """The server's WebSocket URL for a session."""
     return server.url.replace("http://", "ws://") + path + (f"?{query}" if query else "")
+
+
+def pending_requests(server: ServerProcess) -> int:
+    """Requests the server holds now, queued for or in a forward pass, over every worker
+    (its /metrics: each worker writes its count at least once a second)."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    return int(sum(sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples if sample.name == "smserve_pending_requests"))

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from local_test.server_process import SERVE
+from tests.helpers.servers import pending_requests, wait_until
 
 JSON, CSV, JSONL, NPY = "application/json", "text/csv", "application/jsonlines", "application/x-npy"
 
@@ -201,7 +202,7 @@ def test_ping_answers_while_a_cpu_bound_predict_fn_runs(make_server, model_copy,
 
     worker = threading.Thread(target=invoke)
     worker.start()
-    time.sleep(0.8)  # the request is now inside predict_fn
+    assert wait_until(lambda: pending_requests(server) == 1, timeout=15, interval=0.05)  # inside predict_fn
     pings = []
     while worker.is_alive() and len(pings) < 20:
         started = time.monotonic()

@@ -11,6 +11,7 @@ import numpy as np
 import requests
 
 from tests.helpers.models import slow_predict
+from tests.helpers.servers import pending_requests, wait_until
 
 SLOW_PREDICT = slow_predict(4)
 IN_FLIGHT = 6
@@ -40,7 +41,8 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(make_server, model_c
     clients = [threading.Thread(target=invoke, args=(i,)) for i in range(IN_FLIGHT)]
     for client in clients:
         client.start()
-    time.sleep(1.0)  # every request is now inside predict_fn
+    # Every request has reached the server: in a forward pass, or queued for the next.
+    assert wait_until(lambda: pending_requests(server) == IN_FLIGHT, timeout=15, interval=0.05)
     server.proc.send_signal(signal.SIGTERM)
 
     # gevent workers notice the signal within a second of their loop's tick.
