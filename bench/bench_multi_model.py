@@ -65,13 +65,14 @@ def server(model_dir: Path, workers: int, multi: bool, log: Path) -> ServerProce
     return ServerProcess(model_dir, env, log_path=log)
 
 
-def load(url: str, name: str, folder: Path) -> None:
-    r = requests.post(url + "/models", json={"model_name": name, "url": str(folder)}, timeout=300)
+def load(url: str, name: str, folder: Path, timeout: float = 300) -> None:
+    r = requests.post(url + "/models", json={"model_name": name, "url": str(folder)}, timeout=timeout)
     assert r.status_code == 200, (name, r.status_code, r.text)
 
 
-def unload(url: str, name: str) -> None:
-    assert requests.delete(f"{url}/models/{name}", timeout=300).status_code == 200
+def unload(url: str, name: str, timeout: float = 300) -> None:
+    r = requests.delete(f"{url}/models/{name}", timeout=timeout)
+    assert r.status_code == 200, (name, r.status_code, r.text)
 
 
 def cold_loads(url: str, folder: Path, body: bytes, times: int, prefix: str) -> list[float]:

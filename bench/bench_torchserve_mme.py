@@ -101,6 +101,7 @@ from local_test.multi_model import LocalMultiModel  # noqa: E402
 from local_test.server_process import HTTPProcess, ServerProcess, free_port  # noqa: E402
 from model.digits import DigitsClassifier  # noqa: E402
 
+import bench_multi_model  # noqa: E402
 from _harness import Pinger, digits, pct, run_hey  # noqa: E402
 
 EXAMPLE = ROOT / "build" / "model"
@@ -273,12 +274,10 @@ class Ours:
         self.proc.terminate()
 
     def load(self, name: str, folder) -> None:
-        r = requests.post(self.url + "/models", json={"model_name": name, "url": str(folder)}, timeout=600)
-        assert r.status_code == 200, (name, r.status_code, r.text)
+        bench_multi_model.load(self.url, name, folder, timeout=600)
 
     def unload(self, name: str) -> None:
-        r = requests.delete(f"{self.url}/models/{name}", timeout=600)
-        assert r.status_code == 200, (name, r.status_code, r.text)
+        bench_multi_model.unload(self.url, name, timeout=600)
 
     def invoke_url(self, name: str) -> str:
         return f"{self.url}/models/{name}/invoke"
