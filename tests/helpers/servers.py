@@ -7,6 +7,9 @@ import os
 import time
 from typing import Callable, Iterable, TypeVar
 
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
 from local_test.server_process import ServerProcess
 
 T = TypeVar("T")
@@ -65,9 +68,6 @@ def ws_url(server: ServerProcess, query: str = "", path: str = "/invocations-bid
 def pending_requests(server: ServerProcess) -> int:
     """Requests the server holds now, queued for or in a forward pass, over every worker
     (its /metrics: each worker writes its count at least once a second)."""
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
     text = requests.get(server.url + "/metrics", timeout=10).text
     return int(sum(sample.value for family in text_string_to_metric_families(text)
                    for sample in family.samples if sample.name == "smserve_pending_requests"))

@@ -2,9 +2,12 @@
 without its per-answer cost, and never a head a value could break."""
 
 import email.utils
+import json
+import socket
 import time
 
 import pytest
+from gevent import socket as gevent_socket
 
 from smserve.http import sending
 
@@ -56,11 +59,6 @@ def test_a_value_outside_latin_1_is_refused():
 
 
 def test_an_error_answer_has_server_and_date_too():
-    import json
-    import socket
-
-    from gevent import socket as gevent_socket
-
     ours, theirs = gevent_socket.socketpair()  # (the worker's sockets are gevent's)
     try:
         theirs.shutdown(socket.SHUT_WR)  # nothing more to read: the lingering read ends at once

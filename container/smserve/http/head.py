@@ -40,8 +40,7 @@ class PlainHeadRequest(Request):
     def parse(self, unreader):
         buf = bytearray()
         self.read_into(unreader, buf, stop=True)
-        cfg = self.cfg
-        if cfg.proxy_protocol == "off":
+        if self.cfg.proxy_protocol == "off":
             rest = self._parse_plain(buf)
             if rest is not None:
                 return rest
