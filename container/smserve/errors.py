@@ -5,6 +5,9 @@ class HTTPError(Exception):
     """An error the client should see, with the HTTP status that describes it."""
 
     status = 500
+    # Whoever raised it has logged its cause already (a hook's or the model's failure,
+    # with its traceback): the route does not log it again, so a failure is one ERROR.
+    logged = False
 
     def __init__(self, message: str, status: int | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)

@@ -53,7 +53,7 @@ def test_the_client_gets_the_first_passes_lines_then_an_incomplete_transfer(serv
         for chunk in response.iter_content(None):
             received += chunk
     assert received.count(b"\n") == PASS
-    assert "model failed: ValueError: a negative pixel" in server.log()
+    assert "predict_fn failed: ValueError: a negative pixel" in server.log()
 
 
 def test_the_runner_reports_where_the_answer_ended_and_points_to_the_log(server, tmp_path):

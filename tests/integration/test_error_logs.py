@@ -85,7 +85,12 @@ def test_text_log_one_traceback_per_500_none_for_the_400_none_of_gevent(picky_mo
     # reason is in its answer; the traceback is left to debug level).
     assert log.count(TRACEBACK) == 2, log
     assert log.count("RuntimeError: negative input") >= 2
-    assert "JSONDecodeError" not in log, log
+    # The 400's reason, once, in one short line at the default level, naming the hook.
+    refused = [line for line in log.splitlines() if "JSONDecodeError" in line]
+    assert len(refused) == 1 and " INFO smserve.routes.table: POST /invocations -> 400: input_fn rejected the body: " \
+        in refused[0], log
+    # One ERROR line per 500: the failure's own, not a second one from the route.
+    assert log.count(" ERROR ") == 2, log
     assert "INFO smserve.engine.hooks: hooks: input_fn from code/inference.py" in log
 
 

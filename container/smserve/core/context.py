@@ -58,10 +58,11 @@ class Headers(Mapping):
 class RequestContext:
     """One request's context. Read: `custom_attributes`, `inference_id`, `target_model`
     (each None when the request did not carry it), `headers`, `path`, `query_string`
-    and `query` (parsed, a dict of str). Write: `response_custom_attributes`, sent back
-    as X-Amzn-SageMaker-Custom-Attributes (SageMaker's `CustomAttributes`)."""
+    and `query` (parsed, a dict of str), `device` (the model's torch.device). Write:
+    `response_custom_attributes`, sent back as X-Amzn-SageMaker-Custom-Attributes
+    (SageMaker's `CustomAttributes`)."""
 
-    __slots__ = ("headers", "path", "query_string", "_target_model", "_query", "response_custom_attributes")
+    __slots__ = ("headers", "path", "query_string", "_target_model", "_query", "response_custom_attributes", "device")
 
     def __init__(self, headers: Mapping[str, str], path: str = "", query_string: str = "",
                  target_model: str | None = None):
@@ -73,6 +74,9 @@ class RequestContext:
         self._target_model = target_model
         self._query: dict[str, str] | None = None
         self.response_custom_attributes: str | None = None
+        # The model's torch.device (the worker's GPU, or the CPU), set by the server
+        # before the hooks run: where a hook puts tensors of its own.
+        self.device = None
 
     @property
     def custom_attributes(self) -> str | None:

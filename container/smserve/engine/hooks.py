@@ -11,6 +11,11 @@ bidirectional WebSocket session with state kept for the life of the connection
 `input_fn`, `predict_fn` and `output_fn` may declare a last parameter named `context`
 (core/context.py: SageMaker's headers, and custom attributes to send back): seen in
 their signatures once, here, so a request pays nothing to know it.
+
+An `input_fn` that returns `NotImplemented` hands the body back to the built-in codecs
+(as a Python operator hands an operand it does not take back to the other one). What a
+hook raises becomes an answer that names the hook (`hook_error`), logged with the
+user's frames first.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from smserve.errors import BadRequest, HTTPError, ServerError
+
 HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "stream_fn")
 # The hooks that may take the request's context as a last parameter of this name.
 CONTEXT = "context"
@@ -31,6 +38,16 @@ CODE_DIR = "code"
 SCRIPT = "inference.py"
 
 log = logging.getLogger(__name__)
+
+# What an input_fn raises is the body's fault (400: it is the hook that reads the
+# client's bytes), except these: the hook's own code or its environment is broken.
+SERVER_FAULTS = (ImportError, NameError, SyntaxError, MemoryError, SystemError, RecursionError,
+                 NotImplementedError, FileNotFoundError, PermissionError)
+# torch's device failures (RuntimeError subclasses), known by name: no torch import here.
+SERVER_FAULT_NAMES = ("OutOfMemoryError", "AcceleratorError")
+# Modules whose pip package has another name: what to write in code/requirements.txt.
+PACKAGE_OF_MODULE = {"PIL": "pillow", "cv2": "opencv-python-headless", "sklearn": "scikit-learn",
+                     "yaml": "pyyaml", "skimage": "scikit-image", "google.protobuf": "protobuf"}
 
 
 @dataclass
@@ -136,6 +153,57 @@ def _context_by_keyword(fn):
     return call
 
 
+def server_fault(error: BaseException) -> bool:
+    """Whether a hook's exception is its own code's or environment's fault, not the request's."""
+    return isinstance(error, SERVER_FAULTS) or type(error).__name__ in SERVER_FAULT_NAMES
+
+
+def missing_package_hint(error: BaseException) -> str:
+    """For a module the hooks import and the image lacks: what to add, and where."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name:
+        return ""
+    top = error.name.split(".")[0]
+    package = PACKAGE_OF_MODULE.get(error.name) or PACKAGE_OF_MODULE.get(top) or top
+    return (f" (add {package} to {CODE_DIR}/requirements.txt beside {SCRIPT}: serve installs it at start, "
+            "docs/model.md#coderequirementstxt)")
+
+
+def hook_error(hook: str, error: Exception, client_fault: bool) -> HTTPError:
+    """The answer to an exception a hook raised, naming the hook; a server fault is logged
+    here, once, with the user's frames first (the client's own faults are said by the
+    route's one-line 4xx log). client_fault: whether the hook reads the client's bytes
+    (input_fn), so that what it raises is the body's fault unless server_fault says
+    otherwise."""
+    if isinstance(error, HTTPError):
+        return error
+    described = f"{type(error).__name__}: {error}{missing_package_hint(error)}"
+    if client_fault and not server_fault(error):
+        # The client's answer (and the route's 4xx line) says why; the traceback is for
+        # the hook's author, at debug: one per bad body would flood the log.
+        log.debug("%s raised %s", hook, type(error).__name__, exc_info=error)
+        answer = BadRequest(f"{hook} rejected the body: {described}")
+    else:
+        log.error("%s failed: %s", hook, described, exc_info=user_frames_first(error))
+        answer = ServerError(f"{hook} failed: {described}")
+        answer.logged = True
+    answer.__cause__ = error
+    return answer
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # smserve/
+
+
+def user_frames_first(error: BaseException):
+    """exc_info for error whose traceback starts where the server handed over to the
+    user's code (a hook, the model): the server's own frames above it say nothing to
+    the hook's author."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None and \
+            os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        tb = tb.tb_next
+    return type(error), error, tb
+
+
 def load_hooks(model_dir: str) -> Hooks:
     path = os.path.join(model_dir, CODE_DIR, SCRIPT)
     if not os.path.exists(path):
@@ -147,7 +215,11 @@ def load_hooks(model_dir: str) -> Hooks:
     spec = importlib.util.spec_from_file_location("inference", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["inference"] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ModuleNotFoundError as e:
+        hint = missing_package_hint(e)
+        raise ModuleNotFoundError(f"{CODE_DIR}/{SCRIPT}: {e}{hint}", name=e.name) from e
     found = {name: getattr(module, name) for name in HOOK_NAMES if callable(getattr(module, name, None))}
     # Which of the user's hooks replace a built-in step, said once at start: a typo'd
     # name (predict instead of predict_fn) shows here as a hook missing.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -28,10 +29,10 @@ import numpy as np
 import torch
 
 from smserve.core import datatypes
-from smserve.errors import BadRequest
-from smserve.engine import artifacts
+from smserve.errors import BadRequest, HTTPError, ServerError
+from smserve.engine import artifacts, batchable
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
-from smserve.engine.hooks import Hooks, load_hooks
+from smserve.engine.hooks import Hooks, load_hooks, missing_package_hint
 from smserve.core.metadata import METADATA_FILE, ModelMetadata, TensorSpec
 from smserve.engine.staging import HostStaging
 
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF = (np.dtype(np.float16),)
+# The CUDA device each thread that runs model or hook code has made current.
+_thread_device = threading.local()
 
 
 def choose_device(preference: str, worker_index: int) -> torch.device:
@@ -80,13 +83,30 @@ class LoadedModel:
         return (self.device.type == "cpu" and self.staging is None and self.hooks.predict_fn is None
                 and self.compiled in ("off", "failed") and torch.get_num_threads() == 1)
 
-    def predict(self, inputs: dict[str, np.ndarray], context=None) -> dict[str, np.ndarray]:
+    def predict(self, inputs: dict[str, np.ndarray], context=None, form: batchable.Form | None = None):
         """Run the model (or the user's predict_fn) on named arrays; named arrays back,
         or the iterator a predict_fn answered with (to stream: the server decides).
-        context: the request's, for a predict_fn that takes one (None in a batched pass)."""
-        data = self.to_model_input(inputs)
-        prediction = self.predict_data(data, context)
-        if self.hooks.streamed(prediction):
+        context: the request's, for a predict_fn that takes one (None in a batched pass).
+        form: the inputs are the leaves of what the model's input_fn returned (or of
+        the built-in decoding, for its hooks): rebuilt as it was, its tensors on this
+        model's device, and the prediction comes back as predict_fn made it when an
+        output_fn is to read it."""
+        if form is None:
+            data = self.to_model_input(inputs)
+        else:
+            data = form.rebuild({name: self._leaf(name, leaf, was_tensor)
+                                 for (name, leaf), was_tensor in zip(inputs.items(), form.tensors)})
+        return self.answer(self.predict_data(data, context), raw=form is not None)
+
+    def predict_value(self, value, context=None):
+        """Run the model (or predict_fn) on what input_fn returned when it is no batch
+        (engine/batchable.py): whole, its tensors moved to this model's device."""
+        return self.answer(self.predict_data(self.on_device(value), context), raw=True)
+
+    def answer(self, prediction, raw: bool):
+        """The prediction as the server goes on with it: an iterator to stream as it is,
+        the model's own value for an output_fn (raw), else named numpy arrays."""
+        if self.hooks.streamed(prediction) or (raw and self.hooks.output_fn is not None):
             return prediction
         outputs = self.outputs_to_numpy(prediction)
         if self.staging is not None:
@@ -97,22 +117,67 @@ class LoadedModel:
 
     def stage(self, name: str, parts: list[np.ndarray]) -> np.ndarray:
         """The runner's concatenation of a batch: into the pinned buffer on a GPU."""
+        if not isinstance(parts[0], np.ndarray):  # tensors an input_fn made (on the GPU, say)
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
         if self.staging is None or not self.staging.takes(parts):
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
         return self.staging.stage(name, parts)
 
+    def _leaf(self, name: str, leaf, was_tensor: bool):
+        """One leaf of a hook's value for the pass: a tensor on this model's device,
+        unless it was a numpy array and the user's predict_fn is to read it."""
+        if isinstance(leaf, torch.Tensor):
+            return leaf if leaf.device == self.device else leaf.to(self.device, non_blocking=True)
+        if was_tensor or self.hooks.predict_fn is None:
+            return self._tensor(name, leaf)
+        if self.staging is not None and self.staging.holds(name, leaf):
+            return leaf.copy()  # the buffer is rewritten by the next pass
+        return leaf
+
+    def on_device(self, value):
+        """value with every tensor in it (itself, or inside a tuple, list or dict) on
+        this model's device; anything else as it is."""
+        if isinstance(value, torch.Tensor):
+            return value if value.device == self.device else value.to(self.device, non_blocking=True)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self.on_device(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.on_device(v) for k, v in value.items()}
+        return value
+
+    def bind_thread(self) -> None:
+        """Make this model's GPU the calling thread's current CUDA device (CUDA's
+        current device is per thread), so that `.cuda()` and
+        `torch.cuda.current_device()` in hooks mean the worker's GPU. Done once per
+        thread; nothing on the CPU."""
+        if self.device.type == "cuda" and getattr(_thread_device, "device", None) != self.device:
+            torch.cuda.set_device(self.device)
+            _thread_device.device = self.device
+
     def predict_data(self, data, context=None):
         with self.precision():
             if self.hooks.predict_fn is not None:
-                if self.hooks.predict_context:
-                    return self.hooks.predict_fn(data, self.model, context)
-                return self.hooks.predict_fn(data, self.model)
-            if any(not isinstance(t, torch.Tensor) for t in (data.values() if isinstance(data, dict) else [data])):
-                raise BadRequest("this model takes numeric tensors; BYTES inputs need a predict_fn in code/inference.py")
+                try:
+                    if self.hooks.predict_context:
+                        return self.hooks.predict_fn(data, self.model, context)
+                    return self.hooks.predict_fn(data, self.model)
+                except HTTPError:
+                    raise
+                except Exception as e:
+                    # Named for the answer; logged by whoever answers (a batched pass
+                    # that fails is run again request by request first).
+                    raise ServerError(f"predict_fn failed: {type(e).__name__}: {e}{missing_package_hint(e)}") from e
+            # A dict's tensors are the model's inputs by name (in its order), a tuple's
+            # by position; anything else is its one argument (a list of images too).
+            if isinstance(data, dict):
+                arguments = list(data.values())
+            else:
+                arguments = list(data) if isinstance(data, tuple) else [data]
+            if not arguments or not all(isinstance(t, torch.Tensor) or _tensors_list(t) for t in arguments):
+                raise BadRequest("this model takes numeric tensors; BYTES inputs, and an input_fn's other values, "
+                                 "need a predict_fn in code/inference.py")
             with torch.inference_mode():
-                if isinstance(data, dict):
-                    return self.model(*data.values())
-                return self.model(data)
+                return self.model(*arguments)
 
     def precision(self):
         """torch.autocast in SMSERVE_AUTOCAST's precision, or nothing."""
@@ -128,6 +193,14 @@ class LoadedModel:
         # Positional order is the model's, not the request's.
         ordered = [spec.name for spec in self.metadata.inputs if spec.name in tensors]
         return {name: tensors[name] for name in ordered + [n for n in tensors if n not in ordered]}
+
+    def input_form(self, inputs: dict[str, np.ndarray]) -> tuple[batchable.Form, dict[str, np.ndarray]]:
+        """The built-in codecs' named arrays as the leaves of what to_model_input makes
+        of them (one tensor, or a dict in the model's order), for the hooks' path."""
+        ordered = [spec.name for spec in self.metadata.inputs if spec.name in inputs]
+        names = tuple(ordered + [n for n in inputs if n not in ordered])
+        container = batchable.ONE if len(names) == 1 else batchable.DICT
+        return batchable.Form(container, names, (True,) * len(names)), {name: inputs[name] for name in names}
 
     def _tensor(self, name: str, array: np.ndarray) -> torch.Tensor | np.ndarray:
         if array.dtype == object:
@@ -304,6 +377,10 @@ def _compile_blocker() -> str | None:
         return ("this worker runs with gevent's os.close patch, under which torch.compile's compiler "
                 "subprocesses deadlock on the inference thread (worker.py: monkey.patch_all(os=False) lifts it)")
     return None
+
+
+def _tensors_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, torch.Tensor) for t in value)
 
 
 def _is_scalar_list(value) -> bool:

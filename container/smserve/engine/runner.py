@@ -25,7 +25,8 @@ from gevent.queue import Queue
 from gevent import monkey
 
 from smserve import metrics
-from smserve.engine.hooks import is_stream
+from smserve.engine import batchable
+from smserve.engine.hooks import is_stream, user_frames_first
 from smserve.engine.model_thread import ModelThread
 from smserve.errors import BadRequest, HTTPError, ServerError
 
@@ -43,11 +44,17 @@ _QUEUED = object()  # Runner._direct's answer for a request that goes to the bat
 class _Pending:
     inputs: Arrays
     rows: int
+    # None: the built-in codecs' named arrays. Else the form of what a model's input_fn
+    # returned (engine/batchable.py): its leaves are the inputs, its prediction is cut
+    # back by batchable.split.
+    form: batchable.Form | None = None
     result: AsyncResult = field(default_factory=AsyncResult)
     queued: float = field(default_factory=time.monotonic)
 
     def signature(self) -> tuple:
         # Requests batch together only when everything but dimension 0 agrees.
+        if self.form is not None:
+            return self.form.signature(self.inputs)
         return tuple((name, a.dtype.str, a.shape[1:]) for name, a in self.inputs.items())
 
 
@@ -80,6 +87,9 @@ class Runner:
         self._stage: Stage = _concatenate
         self._queue: Queue = Queue()
         self._held: _Pending | None = None  # taken from the queue but did not fit the last batch
+        # A pass's prediction could not be cut back into its requests (batchable.split):
+        # the model's own requests (a form's) run alone from then on.
+        self.unsplittable = False
         # Held by whichever runs a forward pass: the batcher, or a request that found the
         # model idle and went straight to a pass of its own.
         self._gate = Semaphore(1)
@@ -124,18 +134,26 @@ class Runner:
         self._predict = None
         self.thread.stop()
 
-    def infer(self, inputs: Arrays, context=None) -> Arrays:
+    def infer(self, inputs: Arrays, context=None, form: batchable.Form | None = None) -> Arrays:
         """Named arrays in, named arrays out, batched with whatever else is waiting.
         context: the request's, for a predict_fn that takes one; only an unbatched
-        model's pass is one request's, so a batched pass gets None."""
-        outputs = self._direct(inputs, context)
+        model's pass is one request's, so a batched pass gets None. form: the leaves are
+        what a model's input_fn returned (engine/batchable.py), and what comes back is
+        this request's part of the model's prediction (or its named arrays)."""
+        if form is not None and self.unsplittable:
+            # The model's predictions could not be cut back into requests: each runs alone.
+            return self._lone(inputs, context, form)
+        outputs = self._direct(inputs, context, form)
         if outputs is not _QUEUED:
             return outputs
-        results = list(self._queued(inputs))
+        results = list(self._queued(inputs, form))
         if len(results) == 1:
             return results[0]
         if any(is_stream(r) for r in results):
-            return self._whole(results, inputs, context)
+            return self._whole(results, inputs, context, form)
+        if form is not None:
+            return batchable.join(results, [min(self.max_batch_size, _rows(inputs) - start)
+                                            for start in range(0, _rows(inputs), self.max_batch_size)])
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     def passes(self, inputs: Arrays) -> int:
@@ -159,7 +177,7 @@ class Runner:
         yield first
         yield from passes
 
-    def _whole(self, results: list, inputs: Arrays, context):
+    def _whole(self, results: list, inputs: Arrays, context, form=None):
         """The model answered the passes of a request bigger than the max batch size with
         iterators (a predict_fn that streams, found out on this request): one stream
         cannot be made of several, so they are closed unread and the request runs as one
@@ -168,23 +186,25 @@ class Runner:
         for result in results:
             if is_stream(result) and hasattr(result, "close"):
                 self.call(result.close)
+        return self._lone(inputs, context, form)
+
+    def _lone(self, inputs: Arrays, context, form=None):
+        """The request whole, as one pass outside the batcher."""
+        if self._predict is None:
+            raise ServerError("model is not loaded")
         try:
-            return self._pass(_rows(inputs), self._predict, inputs, context)
+            return self._pass(records_in(inputs), self._predict, inputs, context, form)
         except HTTPError as e:
             log_model_failure(e)
             raise
 
-    def _direct(self, inputs: Arrays, context):
+    def _direct(self, inputs: Arrays, context, form=None):
         """The outputs of a request that runs as one pass of its own, outside the
         batcher; _QUEUED when it goes to the batcher instead."""
         if self._predict is None:
             raise ServerError("model is not loaded")
         if self.max_batch_size <= 0 or not inputs:
-            try:
-                return self._pass(records_in(inputs), self._predict, inputs, context)
-            except HTTPError as e:
-                log_model_failure(e)
-                raise
+            return self._lone(inputs, context, form)
         rows = _rows(inputs)
         if rows == self.max_batch_size and self._idle():
             # A request that fills a pass by itself, with no pass to wait for: nothing can
@@ -193,14 +213,14 @@ class Runner:
             # the loop join it there, where going straight to a pass of its own made
             # them wait for it and ran more, smaller passes: 15 % fewer req/s at batch 1.)
             # Requests that arrive meanwhile queue up for the batcher.
-            return self._pass_alone(inputs, rows)
+            return self._pass_alone(inputs, rows, form)
         return _QUEUED
 
-    def _queued(self, inputs: Arrays) -> Iterator[Arrays]:
+    def _queued(self, inputs: Arrays, form=None) -> Iterator[Arrays]:
         rows = _rows(inputs)
         chunks = [
             _Pending({k: v[start : start + self.max_batch_size] for k, v in inputs.items()},
-                     min(self.max_batch_size, rows - start))
+                     min(self.max_batch_size, rows - start), form)
             for start in range(0, max(rows, 1), self.max_batch_size)
         ]
         self.stats.pending(1)
@@ -279,11 +299,11 @@ class Runner:
         return (self.max_delay_s <= 0 and not self._gate.locked() and self._held is None and self._waiting is None
                 and not self._queue.qsize())
 
-    def _pass_alone(self, inputs: Arrays, rows: int) -> Arrays:
+    def _pass_alone(self, inputs: Arrays, rows: int, form=None) -> Arrays:
         with self._gate:
             self.passes_run += 1
             try:
-                return self._pass(rows, self._predict, inputs)
+                return self._pass(rows, self._predict, inputs, None, form)
             except HTTPError as e:
                 log_model_failure(e)
                 raise
@@ -339,9 +359,21 @@ class Runner:
             self._run_alone(batch[0])
             return
         arrays = {name: [item.inputs[name] for item in batch] for name in batch[0].inputs}
+        form = batch[0].form  # (one form in a batch: it is part of the signature)
+        rows = [item.rows for item in batch]
         try:
-            _, outputs = self._forward(sum(item.rows for item in batch), self._predict_parts, (arrays,))
-            parts = _split(outputs, [item.rows for item in batch])
+            _, outputs = self._forward(sum(rows), self._predict_parts, (arrays, form))
+            parts = _split(outputs, rows) if form is None else batchable.split(outputs, rows)
+        except batchable.Unsplittable as e:
+            # Not a request's fault, nor a pass's: the model's answers have no batch
+            # dimension. Said once; from now on its requests run alone.
+            log.warning("the model's prediction for a pass of %d requests cannot be cut back into them (%s): "
+                        "from now on each request runs alone. A predict_fn that batches returns a tensor or "
+                        "array (or a tuple, list or dict of them) with one row per record", len(batch), e)
+            self.unsplittable = True
+            for item in batch:
+                self._run_alone(item)
+            return
         except Exception as e:  # one request's input may have broken the pass: find it
             log.warning("batched pass of %d requests failed (%s); running them one by one", len(batch), e)
             for item in batch:
@@ -351,14 +383,14 @@ class Runner:
         for item, part in zip(batch, parts):
             item.result.set(part)
 
-    def _predict_parts(self, parts: dict[str, list[np.ndarray]]) -> Arrays:
+    def _predict_parts(self, parts: dict[str, list[np.ndarray]], form=None) -> Arrays:
         # Concatenated on the inference thread: the event loop never pays for a large
         # batch's copy, and a staging buffer is only ever touched by model code.
-        return self._predict({name: self._stage(name, arrays) for name, arrays in parts.items()})
+        return self._predict({name: self._stage(name, arrays) for name, arrays in parts.items()}, None, form)
 
     def _run_alone(self, item: _Pending) -> None:
         try:
-            _, outputs = self._forward(item.rows, self._predict, (item.inputs,))
+            _, outputs = self._forward(item.rows, self._predict, (item.inputs, None, item.form))
             self.stats.ran(item.rows)
             item.result.set(outputs)
         except HTTPError as e:
@@ -429,9 +461,11 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
     exception as its cause, for log_model_failure). Not logged here: a batched pass that
     fails is run again request by request, and only those answers are final."""
 
-    def run(inputs: Arrays, context=None) -> Arrays:
+    def run(inputs: Arrays, context=None, form=None) -> Arrays:
         try:
-            # (predict takes a context only when a request's is given: Runner.infer's.)
+            # (predict takes a context and a form only when a request's are given.)
+            if form is not None:
+                return predict(inputs, context, form)
             return predict(inputs) if context is None else predict(inputs, context)
         except HTTPError:
             raise
@@ -444,9 +478,11 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
 def log_model_failure(error: HTTPError) -> None:
     """One ERROR record, with the model's own traceback, for a request the model failed:
     the traceback of the code that raised, not of the machinery that carried it back."""
-    if error.status >= 500 and error.__cause__ is not None:
+    if error.status >= 500 and error.__cause__ is not None and not error.logged:
         cause = error.__cause__
-        log.error("model failed: %s: %s", type(cause).__name__, cause, exc_info=cause)
+        log.error("%s: %s: %s", error.message.split(":")[0], type(cause).__name__, cause,
+                  exc_info=user_frames_first(cause))
+        error.logged = True
 
 
 def _timed(fn, args):

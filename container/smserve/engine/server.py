@@ -17,17 +17,15 @@ from gevent.threadpool import ThreadPool
 from smserve import metrics
 from smserve.engine import hardware, readiness
 from smserve.engine.artifacts import ModelLoadError
-from smserve.codecs import simple
-from smserve.errors import BadRequest, HTTPError, ServerError, Unavailable
+from smserve.engine.hook_chain import HookChain
+from smserve.errors import HTTPError, ServerError, Unavailable
 from smserve.core.metadata import ModelMetadata
-from smserve.engine.runner import Runner, records_in
+from smserve.engine.runner import Runner
 from smserve.settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
 
 log = logging.getLogger(__name__)
 
 LOADING, READY, FAILED = "loading", "ready", "failed"
-# Errors raised by a user's input_fn that mean "this body is bad", not "my code broke".
-CLIENT_DATA_ERRORS = (ValueError, TypeError, KeyError, UnicodeDecodeError)
 # Bodies (and outputs) from this size on are decoded (encoded) on a codec thread.
 OFFLOAD_BYTES = 256 * 1024
 
@@ -52,6 +50,7 @@ class ModelServer:
         self.codec_pool, self.session_pool = pools or (ThreadPool(settings.codec_threads),
                                                        ThreadPool(settings.max_sessions + 4))
         self.stream_sessions = 0
+        self.hook_chain = HookChain(self)
         self.status = LOADING
         self.error: str | None = None
         self.model = None  # LoadedModel once ready
@@ -105,6 +104,8 @@ class ModelServer:
                 self.state_dir = None
         log.info("worker %d ready: model %r on %s, max batch %d",
                  self.worker_index, self.model.metadata.name, self.model.device, max_batch)
+        if self.worker_index == 0:
+            log.info("batching: %s", batching_note(self.model.hooks, max_batch))
 
     def _load_on_inference_thread(self) -> None:
         import torch  # only workers import torch: the master must not touch CUDA
@@ -112,6 +113,10 @@ class ModelServer:
         from smserve.engine import loaded_model as model_module
 
         device = model_module.choose_device(self.settings.device, self.worker_index)
+        if device.type == "cuda":
+            # This thread's current device is the worker's GPU: a model_fn's `.cuda()` and
+            # `torch.cuda.current_device()` mean it (codec threads bind before each hook).
+            torch.cuda.set_device(device)
         if device.type == "cpu":
             torch.set_num_threads(self.settings.torch_threads or max(1, hardware.cpu_count() // self.workers))
         self.model = model_module.load_and_warm(self.model_dir, device,
@@ -199,6 +204,11 @@ class ModelServer:
             return fn(*args)
         return on_thread(self.codec_pool, fn, args)
 
+    def on_codec_thread(self, fn, *args):
+        """fn on a codec thread, whatever its cost: a hook of the user's, whose cost is
+        not known from the body's size."""
+        return on_thread(self.codec_pool, fn, args)
+
     def on_session_thread(self, fn, *args):
         """fn on a stream_fn session's thread, holding the model lock (shared with the
         inference thread) only while fn runs."""
@@ -212,71 +222,24 @@ class ModelServer:
         self.check_ready()
         return self.runner.infer_by_pass(inputs)
 
-    def _hook_input(self, message):
-        """The model's input: its input_fn's, or the built-in decoder's."""
-        model = self.model
-        hooks = model.hooks
-        if hooks.input_fn is not None:
-            try:
-                if hooks.input_context:
-                    return hooks.input_fn(message.body, message.content_type, message.context)
-                return hooks.input_fn(message.body, message.content_type)
-            except HTTPError:
-                raise
-            except CLIENT_DATA_ERRORS as e:
-                # The client's answer (and the access line) says why: a traceback
-                # per bad body would flood the log. At debug, for the hook's author.
-                log.debug("input_fn raised %s", type(e).__name__, exc_info=e)
-                raise BadRequest(f"input_fn rejected the body: {type(e).__name__}: {e}") from e
-        return model.to_model_input(simple.decode(message.body, message.content_type, model.metadata))
-
-    def _hook_predict(self, data, message):
-        try:
-            return self.model.predict_data(data, message.context if self.model.hooks.predict_context else None)
-        except HTTPError:
-            raise
-        except Exception as e:
-            # The one traceback of this request: the hook's or the model's own.
-            log.exception("predict failed: %s: %s", type(e).__name__, e)
-            raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
-
-    def infer_with_hooks(self, message, accept: str, encode):
-        """The SageMaker hook chain, each missing hook replaced by the built-in step,
-        all on the inference thread (user code may be CPU-bound). encode is the
-        built-in encoder (None: the user's output_fn). Returns (body, media type), or
-        the iterator a predict_fn returned (to stream: what it returns decides)."""
+    def hook_input(self, message):
+        """The model's input_fn's value for the message (on a codec thread), or
+        NotImplemented when it hands the body back to the built-in codecs."""
         self.check_ready()
-        model = self.model
-        hooks = model.hooks
+        if self.model.hooks.wants_context:
+            message.context.device = self.model.device
+        return self.hook_chain.input(message)
 
-        def chain(data):
-            prediction = self._hook_predict(data, message)
-            if hooks.streamed(prediction):
-                return prediction
-            if encode is None:
-                if hooks.output_context:
-                    result = hooks.output_fn(prediction, accept, message.context)
-                else:
-                    result = hooks.output_fn(prediction, accept)
-                if isinstance(result, tuple):
-                    body_out, media = result
-                else:
-                    body_out, media = result, accept
-                return (body_out.encode() if isinstance(body_out, str) else bytes(body_out)), media
-            return encode(model.outputs_to_numpy(prediction))
-
-        return self._hooks_pass(message, chain)
-
-    def _hooks_pass(self, message, then):
-        """input_fn (or the built-in decoder), then then(data), on the inference thread:
-        one forward pass in the metrics, of the records input_fn gave."""
-        decoded = []
-
-        def run():
-            decoded.append(self._hook_input(message))
-            return then(decoded[0])
-
-        return self.runner.call_pass(run, records=lambda: records_in(decoded[0]))
+    def infer_with_hooks(self, value, message, accept: str, encode, decoded: bool = False):
+        """The SageMaker hook chain after input_fn (engine/hook_chain.py): value is what
+        input_fn returned, or the built-in codecs' named arrays (decoded); batched with
+        other requests where it is a batch, then output_fn (or encode, the built-in
+        encoder, when there is none). Returns (body, media type), or the iterator a
+        predict_fn returned (to stream: what it returns decides)."""
+        self.check_ready()
+        if self.model.hooks.wants_context:
+            message.context.device = self.model.device
+        return self.hook_chain.answer(value, message, accept, encode, decoded)
 
     def stream_items(self, iterator, stream_format) -> Iterator[bytes]:
         """Advance a model's iterator on the inference thread, one item per hop, so
@@ -335,6 +298,26 @@ class ModelServer:
             "BatchStrategy": self.settings.batch_strategy,
             "MaxPayloadInMB": payload,
         }
+
+
+def batching_note(hooks, max_batch: int) -> str:
+    """What batches across requests and what does not, and which hook decides: said
+    once at the start."""
+    if max_batch <= 0:
+        return ("off: each request is one forward pass, whole (max_batch_size 0: metadata.json declares no batch "
+                "dimension, or none was derived; set max_batch_size > 0 to batch along dimension 0)")
+    if hooks.streams:
+        return ("off: predict_fn streams (a generator, or it returned an iterator), and an iterator cannot be split "
+                "back into requests, so each request runs alone")
+    notes = [f"requests share forward passes of up to {max_batch} records along dimension 0"]
+    if hooks.input_fn is not None:
+        notes.append("input_fn's tensors and arrays (or a tuple, list or dict of them) batch like decoded bodies "
+                     "when they agree past dimension 0; any other value it returns runs alone (said once when seen)")
+    if hooks.predict_context:
+        notes.append("predict_fn takes the request's context, but a pass of several requests is no one request's: "
+                     "there it gets context=None (read the context in input_fn or output_fn, which run per request, "
+                     "or set max_batch_size 0)")
+    return "; ".join(notes)
 
 
 def _freeze_heap() -> None:

@@ -57,6 +57,8 @@ class Message:
     # builds none.
     context_of: Callable[[], RequestContext] | None = field(default=None, repr=False)
     built_context: RequestContext | None = field(default=None, repr=False)
+    # The model's input_fn returned NotImplemented for it: the built-in codecs take it.
+    input_fn_declined: bool = False
 
     @classmethod
     def from_http(cls, body: bytes, header, context_of: Callable[[], RequestContext] | None = None) -> "Message":
@@ -122,7 +124,8 @@ class V2OctetStream(_V2):
     name = "v2-binary"
 
     def takes(self, message, server):
-        return message.kind == OCTET_STREAM and (message.v2_header_length is not None or not server.has_input_fn)
+        return message.kind == OCTET_STREAM and (message.v2_header_length is not None or not _input_fn_takes(message,
+                                                                                                            server))
 
     def header_length(self, message):
         return v2.header_length_from_header(message.v2_header_length, len(message.body)) or 0
@@ -160,42 +163,64 @@ def _encode_v2(inference, results, metadata):
 # ---------------------------------------------------------------- the model's hooks
 
 
+def _input_fn_takes(message: Message, server) -> bool:
+    """The model's input_fn reads this message (it has one, and has not handed it back)."""
+    return server.has_input_fn and not message.input_fn_declined
+
+
 class Hooks(Protocol):
     """The model's own input_fn / output_fn (or a predict_fn that streams) decides:
-    any Content-Type when it has an input_fn, the simple types otherwise."""
+    any Content-Type when it has an input_fn, the simple types otherwise. An input_fn
+    that returns NotImplemented hands the body back: the table is asked again without
+    it, so the built-in codecs decode it (a KServe v2 document gets a v2 answer)."""
 
     name = "hooks"
 
     def takes(self, message, server):
         if not server.uses_byte_hooks:
             return False
-        return server.has_input_fn or message.kind in media.REQUEST_TYPES
+        if _input_fn_takes(message, server):
+            return True
+        # Without it: the built-in codecs decode, and output_fn or a streaming predict_fn answer.
+        hooks = server.model.hooks
+        return (hooks.output_fn is not None or hooks.streams) and message.kind in media.REQUEST_TYPES
 
     def answer(self, message, server, settings):
+        value, decoded = NotImplemented, False
+        if _input_fn_takes(message, server):
+            value = server.hook_input(message)
+            if value is NotImplemented:
+                message.input_fn_declined = True
+                return answer(message, server, settings)
+        else:
+            value = server.codec(len(message.body), _decode_builtin, message.body, message.content_type,
+                                 server.metadata, settings.max_body_bytes)
+            if isinstance(value, InferenceRequest):
+                return v2_reply(server, value, sagemaker=True, message=message)
+            decoded = True
         hooks = server.model.hooks
         default = default_accept(settings, message.kind)
         stream_format = None
         if hooks.streams:
             # Known to stream: an Accept no stream can meet is refused before the model runs.
             stream_format = streams.negotiate(message.accept, hooks.output_with(lambda: message.context))
-        if hooks.output_fn is not None:
-            # The user's output_fn may speak types we do not: it gets the client's first choice.
-            accept, encode = preferred(message.accept, default), None
-        else:
-            # Whether predict_fn streams is known from what it returns: then the stream
-            # types are acceptable too, so a refusal waits for the result.
-            try:
-                accept, refusal = negotiate(message.accept, default), None
-                labels = answer_labels(message.accept, accept, server.metadata)
-            except NotAcceptable as e:
-                accept, refusal, labels = default, e, None
+        # The built-in encoders answer when there is no output_fn, or when it hands the
+        # prediction back (NotImplemented). Whether predict_fn streams is known from what
+        # it returns, and a stream type is acceptable then: a refusal waits for the result.
+        try:
+            builtin, refusal = negotiate(message.accept, default), None
+            labels = answer_labels(message.accept, builtin, server.metadata)
+        except NotAcceptable as e:
+            builtin, refusal, labels = default, e, None
 
-            def encode(outputs):
-                if refusal is not None:
-                    raise refusal
-                return simple.encode(outputs, accept, labels)
+        def encode(outputs):
+            if refusal is not None:
+                raise refusal
+            return simple.encode(outputs, builtin, labels)
 
-        result = server.infer_with_hooks(message, accept, encode)
+        # The user's output_fn may speak types we do not: it gets the client's first choice.
+        accept = preferred(message.accept, default) if hooks.output_fn is not None else builtin
+        result = server.infer_with_hooks(value, message, accept, encode, decoded)
         if not isinstance(result, tuple):  # predict_fn returned an iterator: stream it
             return streamed_reply(server, message, result, stream_format)
         payload, media_type = result
@@ -241,6 +266,14 @@ class Json(Protocol):
         if isinstance(decoded, InferenceRequest):
             return v2_reply(server, decoded, sagemaker=True, message=message)
         return simple_reply(server, settings, message, decoded)
+
+
+def _decode_builtin(body: bytes, content_type: str, metadata, max_bytes: int):
+    """A simple type's body as named arrays for the model's hooks; a KServe v2 JSON
+    document as its InferenceRequest (answered as v2)."""
+    if media.media_type(content_type) == media.JSON:
+        return _decode_json(body, metadata)
+    return simple.decode(body, content_type, metadata, max_bytes)
 
 
 def _decode_json(body: bytes, metadata, c_tried: bool = False):
@@ -346,9 +379,14 @@ def choose(message: Message, server) -> Protocol:
     for protocol in PROTOCOLS:
         if protocol.takes(message, server):
             return protocol
+    if message.input_fn_declined:
+        raise UnsupportedMediaType(
+            f"unsupported Content-Type {message.content_type!r}: the model's input_fn handed it back (it returned "
+            "NotImplemented) and the built-in codecs take only: " + ", ".join(SUPPORTED_REQUEST_TYPES))
     raise UnsupportedMediaType(
         f"unsupported Content-Type {message.content_type!r}; send one of: " + ", ".join(SUPPORTED_REQUEST_TYPES)
-    )
+        + "; or read any other type (an image, say) with an input_fn in the model's code/inference.py "
+        "(docs/model.md#your-own-input-formats)")
 
 
 def answer(message: Message, server, settings: Settings) -> Reply:

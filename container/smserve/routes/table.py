@@ -138,13 +138,23 @@ class RouteTable:
             return error_response(HTTPError(f"internal error: {type(e).__name__}: {e}", 500))
 
 
+# A 4xx's reason in the log is one short line: the answer carries it whole.
+LOGGED_REASON_CHARS = 300
+
+
 def log_error(method: str, path: str, e: HTTPError) -> None:
     if e.status == Unavailable.status:
         # A model still loading is the normal state of a start, not an error: an
         # ERROR line here would trip alarms on every deploy.
         log.debug("%s %s -> %d: %s", method, path, e.status, e.message)
     elif e.status >= 500:
-        log.error("%s %s -> %d: %s", method, path, e.status, e.message)
+        if not e.logged:
+            log.error("%s %s -> %d: %s", method, path, e.status, e.message)
+    else:
+        # The client's mistake, said at the default level so that whoever runs the
+        # endpoint sees why without turning on debug; no traceback, one line.
+        reason = e.message if len(e.message) <= LOGGED_REASON_CHARS else e.message[:LOGGED_REASON_CHARS] + " ..."
+        log.info("%s %s -> %d: %s", method, path, e.status, reason)
 
 
 def reason(status: int) -> str:

@@ -1,0 +1,130 @@
+"""A request through the model's own hooks: input_fn, the batcher, output_fn.
+
+`input_fn` and `output_fn` are the user's code, and their cost grows with the request
+(decoding a JPEG, writing top-k labels): they run on the codec threads, never on the
+event loop, each request's on its own with its own context, while the inference thread
+runs passes. What `input_fn` returns goes to the runner as a decoded body does: a batch
+(a tensor, an array, or a tuple, list or dict of them; engine/batchable.py) is cut into
+passes of at most the max batch size and shares passes with other requests whose
+leaves agree past dimension 0, its tensors reaching the model's device through the same
+staging; anything else runs alone, and the log says why the first time. A streaming
+`predict_fn` runs each request alone (an iterator cannot be split).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from smserve.engine import batchable
+from smserve.engine.hooks import hook_error
+from smserve.engine.runner import records_in
+
+log = logging.getLogger(__name__)
+
+
+class HookChain:
+    def __init__(self, server):
+        self.server = server  # engine.server.ModelServer
+        self._said: set[str] = set()  # why requests ran alone, said once each
+
+    def input(self, message):
+        """input_fn's value for the message (on a codec thread), or NotImplemented when
+        it hands the body back to the built-in codecs."""
+        model = self.server.model
+        return self.server.on_codec_thread(_run_input_fn, model, message)
+
+    def answer(self, value, message, accept: str, encode, decoded: bool = False):
+        """The answer to one request whose data is value: input_fn's, or the built-in
+        codecs' named arrays (decoded). accept: the media type output_fn is asked for;
+        encode: the built-in encoder of named arrays, for a model without output_fn or
+        a prediction output_fn hands back (NotImplemented). Returns (body, media type),
+        or the iterator a predict_fn returned (to stream)."""
+        server = self.server
+        model = server.model
+        hooks = model.hooks
+        prediction = self._predict(model, value, message, decoded)
+        if hooks.streamed(prediction):
+            return prediction
+        if hooks.output_fn is None:
+            return server.codec(sum(getattr(a, "nbytes", 0) for a in prediction.values()), encode, prediction)
+        answer = server.on_codec_thread(_run_output_fn, model, prediction, accept, message)
+        if answer is NotImplemented:
+            return server.on_codec_thread(lambda: encode(model.outputs_to_numpy(prediction)))
+        return answer
+
+    def _predict(self, model, value, message, decoded: bool):
+        runner = self.server.runner
+        hooks = model.hooks
+        batched = runner.max_batch_size > 0 and not hooks.streams
+        if decoded:
+            form, leaves = model.input_form(value)
+            if batched:
+                return runner.infer(leaves, None, form)
+            context = message.context if hooks.predict_context else None
+            return runner.call_pass(model.predict, leaves, context, form, records=lambda: records_in(leaves))
+        if batched:
+            try:
+                form, leaves = self._batch(model, value)
+            except batchable.NotBatchable as e:
+                self._say_once(type(value).__name__, "input_fn returned a value the batcher cannot batch (%s): such "
+                               "requests run alone, one forward pass each. To batch them with others, return a tensor "
+                               "or array with the batch along dimension 0 (or a tuple, list or dict of them)", e)
+            else:
+                return runner.infer(leaves, None, form)
+        context = message.context if hooks.predict_context else None
+        return runner.call_pass(model.predict_value, value, context, records=lambda: records_in(value))
+
+    def _batch(self, model, value):
+        """input_fn's value as the runner's named leaves, checked against what
+        metadata.json declares past dimension 0 (where it declares a shape)."""
+        names = tuple(spec.name for spec in model.metadata.inputs)
+        form, leaves = batchable.flatten(value, names)
+        for name, leaf in leaves.items():
+            spec = model.metadata.input(name)
+            if spec is None or spec.shape is None:
+                continue
+            shape = tuple(leaf.shape[1:])
+            if len(shape) != len(spec.shape) or any(d not in (-1, s) for d, s in zip(spec.shape, shape)):
+                raise batchable.NotBatchable(f"{name!r} is {list(leaf.shape)}: metadata.json declares "
+                                             f"{list(spec.shape)} past the batch dimension")
+        return form, leaves
+
+    def _say_once(self, key: str, message: str, *args) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning(message, *args)
+
+
+def _run_input_fn(model, message):
+    """On a codec thread: the user's input_fn, its failure named."""
+    model.bind_thread()
+    hooks = model.hooks
+    try:
+        if hooks.input_context:
+            return hooks.input_fn(message.body, message.content_type, message.context)
+        return hooks.input_fn(message.body, message.content_type)
+    except Exception as e:  # noqa: BLE001 - every failure is answered, naming the hook
+        raise hook_error("input_fn", e, client_fault=True) from e
+
+
+def _run_output_fn(model, prediction, accept: str, message) -> tuple[bytes, str]:
+    """On a codec thread: the user's output_fn -> (body, media type)."""
+    model.bind_thread()
+    hooks = model.hooks
+    try:
+        if hooks.output_context:
+            result = hooks.output_fn(prediction, accept, message.context)
+        else:
+            result = hooks.output_fn(prediction, accept)
+    except Exception as e:  # noqa: BLE001
+        raise hook_error("output_fn", e, client_fault=False) from e
+    if result is NotImplemented:  # the built-in encoders answer this Accept
+        return result
+    body, media = result if isinstance(result, tuple) else (result, accept)
+    if isinstance(body, str):
+        return body.encode(), media
+    try:
+        return bytes(body), media
+    except TypeError:
+        raise hook_error("output_fn", TypeError(f"it returned a {type(body).__name__}: return bytes or a str, "
+                                                "or (body, content type)"), client_fault=False) from None
