@@ -31,7 +31,7 @@ LOCK := lock/dev$(if $(filter cpu,$(TORCH_VARIANT)),-no-torch).txt
 STAMP := $(VENV)/.installed-$(TORCH_VARIANT)
 UV_VERSION := 0.13.9
 
-.PHONY: help install lock model model-textgen new-model serve test test-fast batch-example mme-local bench clean
+.PHONY: help install lock model model-textgen model-image new-model serve test test-fast batch-example mme-local bench clean
 
 help: ## This list (variables: README "Make targets and variables")
 	@awk -F':[^#]*## ' '/^[a-zA-Z][a-zA-Z0-9_-]*:[^=].*## /{printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -66,6 +66,13 @@ model-textgen: $(TEXTGEN_MODEL_DIR)/config.json ## Train the streaming example (
 
 $(TEXTGEN_MODEL_DIR)/config.json: $(STAMP) model/textgen/train.py model/textgen/inference.py
 	$(PY) -m model.textgen.train --out build
+
+IMAGE_MODEL_DIR := build/image
+
+model-image: $(IMAGE_MODEL_DIR)/metadata.json ## Build the image example (ResNet-18, random weights; JPEG in through input_fn) into build/image (+ .tar.gz)
+
+$(IMAGE_MODEL_DIR)/metadata.json: $(STAMP) model/image/build.py model/image/resnet.py model/image/inference.py
+	$(PY) -m model.image.build --out build
 
 new-model: install ## metadata.json + code/inference.py for the model.pt2/model.pt in DIR (make new-model DIR=...)
 	@test -n "$(DIR)" || { echo "usage: make new-model DIR=folder-holding-model.pt2-or-model.pt" >&2; exit 2; }

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from local_test.server_process import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
+from tests.helpers.models import IMAGE_TEST_SIZE
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +35,14 @@ def textgen_dir(tmp_path_factory) -> Path:
                             capture_output=True, text=True, check=True, timeout=300)
     assert "held-out perplexity" in result.stdout and "train loss" in result.stdout
     return out / "textgen"
+
+
+@pytest.fixture(scope="session")
+def image_model_dir(tmp_path_factory) -> Path:
+    """The image example, at IMAGE_TEST_SIZE pixels."""
+    from model.image.build import build
+
+    return Path(build(str(tmp_path_factory.mktemp("image-build")), size=IMAGE_TEST_SIZE))
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The image example at 64 x 64 pixels in the tests (make model-image builds it at 224):
+# the same ResNet-18 and hooks, a twelfth of the arithmetic, so the tests run it often.
+IMAGE_TEST_SIZE = 64
+
 
 def model_dir_with(parent: Path, hooks: str, name: str) -> Path:
     """parent/name holding only code/inference.py: the hooks are the whole model."""
