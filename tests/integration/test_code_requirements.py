@@ -4,6 +4,7 @@ starts, into a private prefix on PYTHONPATH; refused in seconds without network.
 from __future__ import annotations
 
 import importlib.machinery
+import io
 import importlib.util
 import os
 import subprocess
@@ -13,8 +14,10 @@ import zipfile
 
 import pytest
 import requests
+from PIL import Image
 
-from local_test.server_process import ROOT
+from local_test.server_process import ROOT, ServerProcess
+from tests.helpers.models import IMAGE_TEST_SIZE
 
 PIP_VARIABLES = ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_CONSTRAINT", "PIP_NO_INDEX")
 
@@ -108,3 +111,26 @@ def test_a_worker_imports_the_requirement(tmp_path, example_model_dir, make_serv
     answer = requests.post(server.url + "/invocations", json={"instances": [[0.0] * 64]}, timeout=30)
     assert answer.status_code == 200, answer.text
     assert answer.text == "42"
+
+
+def test_starts_reuse_one_requirements_folder_and_leave_nothing_else(image_model_dir, tmp_path):
+    """Each start used to leave a new /tmp/smserve-code-deps-* of ~22 MB behind."""
+    image = io.BytesIO()
+    Image.new("RGB", (IMAGE_TEST_SIZE, IMAGE_TEST_SIZE)).save(image, "JPEG")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    logs = []
+    for start in range(2):
+        log = tmp_path / f"server-{start}.log"
+        server = ServerProcess(image_model_dir, {"TMPDIR": str(tmp)}, log_path=log).start()
+        try:
+            answer = requests.post(server.url + "/invocations", data=image.getvalue(), timeout=60,
+                                   headers={"Content-Type": "image/jpeg"})
+            assert answer.status_code == 200, answer.text
+        finally:
+            assert server.terminate() == 0
+        logs.append(log.read_text())
+    left = sorted(p.name for p in tmp.iterdir())
+    assert len(left) == 1 and left[0].startswith("smserve-code-deps-"), left
+    assert "installing" in logs[0] and "reused" not in logs[0]
+    assert "already installed" in logs[1] and "reused" in logs[1], logs[1]
