@@ -23,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("output", type=Path, help="folder for the <input name>.out files")
     parser.add_argument("--url", default=os.environ.get("SMSERVE_URL", DEFAULT_URL))
     parser.add_argument("--content-type", default="text/csv", help="ContentType (default text/csv)")
-    parser.add_argument("--accept", help="Accept (default: the content type)")
+    parser.add_argument("--accept", help="Accept (default: none sent, so the model answers in its own type, as "
+                                         "SageMaker does for a job without one: in batch mode a CSV or JSON Lines "
+                                         "request's own type)")
     parser.add_argument("--split-type", choices=["Line", "None"], default="Line")
     parser.add_argument("--assemble-with", choices=["Line", "None"], default="Line")
     parser.add_argument("--join-source", choices=["None", "Input"], default="None")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "url": args.url,
                 "content_type": args.content_type,
-                "accept": args.accept or args.content_type,
+                "accept": args.accept,
                 "split_type": args.split_type,
                 "assemble_with": args.assemble_with,
                 "join_source": args.join_source,
@@ -87,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             + ("" if params else " (no /execution-parameters: SageMaker's defaults)"),
             file=sys.stderr,
         )
+        warning = config.binary_split_warning()
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         result = run_job(args.input, args.output, config, progress=not args.no_progress)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

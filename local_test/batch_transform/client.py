@@ -51,7 +51,9 @@ class Client:
         """
         config = self.config
         url = config.url.rstrip("/") + "/invocations"
-        headers = {"Content-Type": config.request_content_type, "Accept": config.accept}
+        headers = {"Content-Type": config.request_content_type}
+        if config.accept:
+            headers["Accept"] = config.accept
         last_error = ""
         ended_at: int | None = None  # how much the last answer that ended early held
         tries = 0

@@ -39,7 +39,9 @@ JSON_LINES = "application/jsonlines"
 class JobConfig:
     url: str = DEFAULT_URL
     content_type: str = "text/csv"
-    accept: str = "text/csv"
+    # None: no Accept header, as SageMaker sends none for a job that sets none: the
+    # model answers in its own type (its output_fn's, or the server's default).
+    accept: str | None = None
     split_type: str = "Line"  # "Line" or "None"
     assemble_with: str = "Line"  # "Line" or "None"
     join_source: str = "None"  # "None" or "Input"
@@ -98,6 +100,16 @@ class JobConfig:
                               "takes the rest of the columns")
         if self.input_names[-1][1] is not None:
             raise ConfigError("--input-name: the last input takes the rest of the columns; give it without :COLUMNS")
+
+    def binary_split_warning(self) -> str | None:
+        """SplitType=Line on a content type that is no text: SageMaker splits at every
+        newline byte, which a JPEG or a .npy file holds by chance, so each file arrives
+        in pieces that decode as nothing."""
+        kind = base_type(self.content_type)
+        if self.split_type != "Line" or kind.startswith("text/") or kind in JSON_TYPES:
+            return None
+        return (f"SplitType Line on {kind}: a binary file is cut at every newline byte it happens to hold, and "
+                "each piece is sent as a record; send whole files with --split-type None")
 
     @property
     def max_payload_bytes(self) -> int | None:

@@ -12,6 +12,8 @@ import importlib.util
 import io
 import json
 import re
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,7 +23,7 @@ import requests
 import torch
 from PIL import Image
 
-from local_test.server_process import ServerProcess, copy_model
+from local_test.server_process import ROOT, ServerProcess, copy_model
 from tests.helpers.servers import passes_and_records, wait_until
 
 JPEG, PNG, JSON, CSV, NPY = "image/jpeg", "image/png", "application/json", "text/csv", "application/x-npy"
@@ -287,3 +289,25 @@ def _status(url: str) -> int:
         return requests.get(url, timeout=5).status_code
     except requests.RequestException:
         return 0
+
+
+def test_a_batch_transform_of_jpeg_files_answers_each_in_the_models_own_type(image_server, offline, tmp_path):
+    """--split-type None, no --accept: each file one request, answered in output_fn's
+    JSON (the runner used to ask for image/jpeg back: a 406 for every file)."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    files = {f"p{i}.jpg": picture(300 + i) for i in range(3)}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    done = subprocess.run([sys.executable, str(ROOT / "local_test" / "batch_transform.py"), str(folder),
+                           str(tmp_path / "out"), "--url", image_server.url, "--content-type", JPEG,
+                           "--split-type", "None", "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr
+    for name, data in files.items():
+        assert_same_answers(json.loads((tmp_path / "out" / f"{name}.out").read_text()), offline(data, JPEG))
+    # Split on lines, a JPEG is cut into pieces that decode as nothing: said before the job.
+    split = subprocess.run([sys.executable, str(ROOT / "local_test" / "batch_transform.py"), str(folder),
+                            str(tmp_path / "split"), "--url", image_server.url, "--content-type", JPEG, "--no-progress"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "warning: SplitType Line on image/jpeg" in split.stderr

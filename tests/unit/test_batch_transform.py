@@ -319,6 +319,28 @@ def test_content_type_and_accept_are_sent(server, tmp_path):
     assert server.content_types == ["text/csv"] and server.accepts == ["text/csv"]
 
 
+def test_without_accept_the_model_answers_in_its_own_type(server, tmp_path):
+    """A job without TransformOutput.Accept: nothing is asked of the model (an image in
+    used to ask for the image's own type back, a 406 on every file)."""
+    source = tmp_path / "cat.jpg"
+    source.write_bytes(b"[1]\n[2]\n")  # (the fake model answers each line; a JPEG is sent as it is all the same)
+    cfg = config(server, content_type="image/jpeg", split_type="None")
+    bt.run_job(source, tmp_path / "out", cfg, progress=False)
+    assert server.content_types == ["image/jpeg"] and server.accepts == ["*/*"]
+    assert server.bodies == [source.read_bytes()]  # whole: one file, one request
+
+
+@pytest.mark.parametrize("content_type, split_type, warned", [
+    ("image/jpeg", "Line", True), ("application/x-npy", "Line", True), ("image/jpeg", "None", False),
+    ("text/csv", "Line", False), ("application/jsonlines", "Line", False), ("text/plain", "Line", False),
+])
+def test_splitting_a_binary_type_on_newlines_is_warned_of(content_type, split_type, warned):
+    warning = JobConfig(content_type=content_type, split_type=split_type).binary_split_warning()
+    assert (warning is not None) == warned
+    if warned:
+        assert content_type in warning and "--split-type None" in warning
+
+
 def test_server_errors_and_dropped_connections_are_retried(server, tmp_path):
     records = csv_rows(10)
     source = write(tmp_path / "a.csv", records)
