@@ -270,3 +270,14 @@ def raise_fd_limit() -> None:
 
 def now() -> float:
     return time.monotonic()
+
+
+def checkout(ref: str, work: Path) -> Path:
+    """container/ as it was at git commit `ref`, unpacked under work/; its serve script."""
+    target = work / "baseline"
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "container"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        sys.exit(f"--baseline {ref}: git archive failed: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    return target / "container" / "serve"

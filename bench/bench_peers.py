@@ -64,7 +64,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -78,7 +77,7 @@ sys.path.insert(0, str(ROOT))
 
 from local_test.server_process import ServerProcess  # noqa: E402
 
-from _harness import Pinger, run_hey  # noqa: E402
+from _harness import Pinger, checkout, run_hey  # noqa: E402
 from _peers_report import report  # noqa: E402
 from _peer_servers import pinned, pytriton_importable, start_ceiling, start_peer, start_triton, triton_env  # noqa: E402
 
@@ -345,17 +344,6 @@ def protocols_scenario(args, work: Path) -> None:
            f"{concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
            f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; our log level {args.log_level}",
            bench.notes, baselines, PING_PERIOD_S)
-
-
-def checkout(ref: str, work: Path) -> Path:
-    """container/ as it was at git commit `ref`, unpacked under work/; its serve script."""
-    target = work / "baseline"
-    target.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "container"], capture_output=True, check=False)
-    if archive.returncode != 0:
-        sys.exit(f"--baseline {ref}: git archive failed: {archive.stderr.decode().strip()}")
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    return target / "container" / "serve"
 
 
 def compute_scenario(args, work: Path) -> None:

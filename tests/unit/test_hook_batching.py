@@ -136,18 +136,30 @@ def test_a_cpu_tensor_from_input_fn_reaches_the_models_device():
     assert [t.device.type for t in moved["images"]] == ["meta", "meta"] and moved["note"] == "x"
 
 
+def on_a_thread(fn):
+    """fn() on a thread of its own (as a codec thread runs hooks); what it returned."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(fn()))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
 def test_the_workers_gpu_is_made_current_once_on_each_thread_that_runs_hooks(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append((threading.get_ident(), device)))
     model = loaded(device="cuda:1")
-    model.bind_thread()
-    model.bind_thread()
-    other = threading.Thread(target=model.bind_thread)
-    other.start()
-    other.join()
+
+    def twice():
+        model.bind_thread()
+        model.bind_thread()
+        return torch.get_num_threads()
+
+    assert on_a_thread(twice) == 1  # hooks' own torch work: one intra-op thread a codec thread
+    on_a_thread(twice)
+    # Once per thread, though each asked twice.
     assert [device for _, device in calls] == [torch.device("cuda", 1)] * 2
-    assert len({thread for thread, _ in calls}) == 2
-    loaded(device="cpu").bind_thread()  # nothing on the CPU
+    on_a_thread(loaded(device="cpu").bind_thread)  # no device to make current on the CPU
     assert len(calls) == 2
 
 
