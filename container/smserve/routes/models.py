@@ -7,7 +7,7 @@ import orjson
 
 from smserve.errors import BadRequest
 from smserve.routes.sagemaker import invocation
-from smserve.routes.table import Request, Response, json_response
+from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
 
 MODELS = "/models"
@@ -53,25 +53,16 @@ class ModelRoutes:
         answer has left, streamed answers included: an unload waits for it."""
         local = self.models.model(request.params["name"])
         local.inflight += 1
+
+        def done() -> None:
+            local.inflight -= 1
+
         try:
             answer = invocation(local.server, self.settings, request)
         except BaseException:
-            local.inflight -= 1
+            done()
             raise
-        if answer.streamed:
-            answer.body = _released(answer.body, local)
-        else:
-            local.inflight -= 1
-        return answer
-
-
-def _released(chunks, local):
-    try:
-        yield from chunks
-    finally:
-        local.inflight -= 1
-        if hasattr(chunks, "close"):
-            chunks.close()
+        return when_answered(answer, done)
 
 
 def _query(query: str) -> dict[str, str]:
