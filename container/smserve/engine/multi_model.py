@@ -268,10 +268,12 @@ class MultiModelServer:
             raise NotFound(f"Model {name!r} is not loaded")
         return _description(entry)
 
-    def list(self, limit: int, token: str | None) -> dict:
-        """GET /models: the same on every worker (it reads the shared folder), by name."""
+    def list(self, limit: int, start: int = 0) -> dict:
+        """GET /models: the same on every worker (it reads the shared folder), by name;
+        `start`: the page's first model, a page's nextPageToken."""
         ready = sorted((e for e in self.shared.entries() if e.state == READY), key=lambda e: e.name)
-        start = _page_start(token, len(ready))
+        if start > len(ready):
+            raise BadRequest(f"invalid next_page_token '{start}': there are {len(ready)} models")
         page = ready[start:start + limit]
         answer: dict = {"models": [_description(e) for e in page]}
         if start + limit < len(ready):
@@ -456,11 +458,3 @@ def _warn_of_a_big_torchscript(name: str, url: str) -> None:
 
 def _description(entry: Entry) -> dict:
     return {"modelName": entry.name, "modelUrl": entry.url}
-
-
-def _page_start(token: str | None, total: int) -> int:
-    if token is None or token == "":
-        return 0
-    if not token.isdigit() or int(token) > total:
-        raise BadRequest(f"invalid next_page_token {token!r}")
-    return int(token)
