@@ -15,6 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -136,6 +137,45 @@ def test_a_bad_load_request_is_a_json_4xx(servers, body, status):
     r = requests.post(server.url + "/models", data=body if isinstance(body, str) else json.dumps(body))
     assert r.status_code == status and "error" in r.json()
     assert requests.get(server.url + "/models/x").status_code == 404
+
+
+def listed(server) -> list[str]:
+    return [m["modelName"] for m in requests.get(server.url + "/models", timeout=10).json()["models"]]
+
+
+@pytest.mark.parametrize("name", ["a" * 1025, "x" * 4100, "caf\u00e9", "tab\there", " leading-space", "nul\x00",
+                                  "del\x7f"],
+                         ids=["1025", "4100", "non-ascii", "tab", "space", "nul", "del"])
+def test_a_name_sagemaker_could_not_send_is_400_and_nothing_is_registered(servers, models, name):
+    """SageMaker's TargetModel is 1-1,024 printable ASCII characters. A name of ~4,080+
+    could never be addressed again (414s), each name is a label of ~20 /metrics series,
+    and all were loaded before."""
+    server = servers["api"]
+    r = load(server, name, models / "a")
+    assert r.status_code == 400 and "model_name must be 1 to 1024 characters" in r.json()["error"], r.text
+    assert listed(server) == []
+
+
+def test_a_name_of_1024_characters_that_each_need_escaping_works_end_to_end(servers, models):
+    """The longest name SageMaker may send, every character percent-encoded in its paths
+    (3,072 bytes of path): loaded, described, invoked, listed and unloaded."""
+    server = servers["api"]
+    name = "/% ?#\"&+"[:1] + "".join("/% ?#\"&+"[i % 8] for i in range(1, 1024))
+    assert len(name) == 1024
+    path = "/models/" + quote(name, safe="")
+    assert len(path) > 3000
+    assert load(server, name, models / "b").status_code == 200
+    try:
+        assert requests.get(server.url + path, timeout=10).json()["modelName"] == name
+        for _ in range(4):  # both workers
+            r = requests.post(server.url + path + "/invoke", json={"instances": PIXELS}, timeout=30)
+            assert r.status_code == 200 and len(r.json()["predictions"]) == 1, r.text
+        assert listed(server) == [name]
+        label = name.replace("\\", "\\\\").replace('"', '\\"')  # as Prometheus text escapes it
+        assert f'smserve_model_ready{{model="{label}"}} 1.0' in requests.get(server.url + "/metrics", timeout=10).text
+    finally:
+        assert requests.delete(server.url + path, timeout=60).status_code == 200
+    assert listed(server) == []
 
 
 def test_a_broken_model_is_400_and_the_others_go_on(servers, models):

@@ -4,6 +4,8 @@ anything is loaded or registered."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from smserve.engine.multi_model import MultiModelServer
@@ -14,8 +16,11 @@ from smserve.settings import Settings
 
 @pytest.fixture
 def api(tmp_path):
+    root = tmp_path / "models"
+    (root / "m" / "model").mkdir(parents=True)
+    (root / "m" / "model" / "model.pt").write_bytes(b"")  # (a model by its files; never loaded here)
     settings = Settings(multi_model=True, metrics=False)
-    server = MultiModelServer(settings, state_dir=str(tmp_path))
+    server = MultiModelServer(settings, state_dir=str(tmp_path / "state"))
     table = endpoints.build(server, settings)
 
     def call(method: str, path: str, body: bytes = b"", query: str = ""):
@@ -23,7 +28,30 @@ def api(tmp_path):
         return table.dispatch(route, Request(method, path, {}, body, params, query))
 
     call.server = server
+    call.root = root
     return call
+
+
+def load(api, name, url=None):
+    url = str(api.root / "m" / "model") if url is None else url
+    return api("POST", "/models", json.dumps({"model_name": name, "url": url}).encode())
+
+
+@pytest.mark.parametrize("name", ["a" * 1025, "a" * (1 << 20), " a", "caf\u00e9", "a\tb", "a\nb", "a\x00",
+                                  "a\x7f"],
+                         ids=["1025", "1MB", "leading-space", "non-ascii", "tab", "newline", "nul", "del"])
+def test_a_name_sagemaker_could_not_send_is_400_before_anything_is_registered(api, name):
+    answer = load(api, name)
+    assert answer.status == 400 and b"model_name must be 1 to 1024 characters of printable ASCII" in answer.body
+    assert len(answer.body) < 400  # (the name shown cut short)
+    assert api.server.shared.entries() == []
+
+
+@pytest.mark.parametrize("name", ["a", "a" * 1024, "customers/acme.tar.gz", "a b", "!~%20?#\"'\\"])
+def test_a_name_sagemaker_may_send_passes_the_check(api, name):
+    from smserve.engine.model_registry import check_name
+
+    check_name(name)
 
 
 @pytest.mark.parametrize("query", [
@@ -45,3 +73,16 @@ def test_a_page_is_asked_for_in_ascii_digits_or_it_is_400(api, query):
 def test_a_page_in_ascii_digits_is_answered(api, query):
     answer = api("GET", "/models", query=query)
     assert answer.status == 200 and answer.body == b'{"models":[]}'
+
+
+def test_the_request_line_holds_the_longest_name_percent_encoded():
+    """Past gunicorn's limit a model's DELETE and invoke would be 414s: loaded for good."""
+    from urllib.parse import quote
+
+    from smserve.engine.model_registry import MAX_NAME_CHARS
+    from smserve.http import gunicorn_conf
+
+    name = quote("%" * MAX_NAME_CHARS, safe="")
+    lines = [f"POST /models/{name}/invoke HTTP/1.1", f"DELETE /models/{name} HTTP/1.1",
+             f"POST /v2/models/{name}/versions/1/infer HTTP/1.1", f"GET /v2/models/{name}/versions/1/ready HTTP/1.1"]
+    assert max(map(len, lines)) + 512 <= gunicorn_conf.limit_request_line

@@ -35,7 +35,7 @@ from gevent.threadpool import ThreadPool
 
 from smserve.engine import memory, readiness
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT
-from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry
+from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
 from smserve.engine.server import FAILED, ModelServer
 from smserve.errors import BadRequest, Conflict, InsufficientStorage, NotFound, Unavailable
 from smserve.settings import Settings
@@ -232,6 +232,7 @@ class MultiModelServer:
 
     def load(self, name: str, url: str) -> None:
         """POST /models: returns once every worker has loaded and warmed the model."""
+        check_name(name)
         _check_model_folder(url)
         _warn_of_a_big_torchscript(name, url)
         self._prepared.wait()  # (a call in the worker's first seconds, while torch comes in)
