@@ -47,11 +47,16 @@ def models(tmp_path_factory, example_model_dir) -> Path:
     return root
 
 
+def mme(models: Path) -> dict[str, str]:
+    """Multi-model mode loading from `models` (SageMaker's root is /opt/ml/models)."""
+    return {**MME, "SMSERVE_MODELS_ROOT": str(models)}
+
+
 @pytest.fixture(scope="module")
 def servers(models, tmp_path_factory):
     logs = tmp_path_factory.mktemp("mme-logs")
-    api = ServerProcess(models / "none", MME, log_path=logs / "api.log")
-    small = ServerProcess(models / "none", {**MME, "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
+    api = ServerProcess(models / "none", mme(models), log_path=logs / "api.log")
+    small = ServerProcess(models / "none", {**mme(models), "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
                           log_path=logs / "small.log")
     start_all([api, small])
     yield {"api": api, "small": small}
@@ -178,6 +183,18 @@ def test_a_name_of_1024_characters_that_each_need_escaping_works_end_to_end(serv
     assert listed(server) == []
 
 
+def test_a_folder_outside_the_models_root_is_400(servers, models, tmp_path, example_model_dir):
+    """Loading runs the folder's code/inference.py: only folders under SMSERVE_MODELS_ROOT
+    (SageMaker's /opt/ml/models) are loaded, '..' resolved first."""
+    server = servers["api"]
+    outside = shutil.copytree(example_model_dir, tmp_path / "elsewhere")
+    for url in (str(outside), str(models / "a" / ".." / ".." / outside.parent.name / "elsewhere"), "a",
+                str(models) + "-sibling"):
+        r = load(server, "x", url)
+        assert r.status_code == 400 and "not a folder under" in r.json()["error"], (url, r.text)
+    assert listed(server) == []
+
+
 def test_a_broken_model_is_400_and_the_others_go_on(servers, models):
     server = servers["api"]
     assert load(server, "c", models / "c").status_code == 200
@@ -290,7 +307,7 @@ def test_a_restarted_worker_loads_every_model_before_it_serves(servers, models):
 
 
 def test_sigterm_drains_invokes_in_flight(models, tmp_path):
-    server = ServerProcess(models / "none", MME, log_path=tmp_path / "drain.log").start(wait=False)
+    server = ServerProcess(models / "none", mme(models), log_path=tmp_path / "drain.log").start(wait=False)
     try:
         # The start: /ping is 503 until every worker has torch in and follows the model
         # registry, so SageMaker's first 200 comes when a load can start at once.

@@ -19,7 +19,7 @@ def api(tmp_path):
     root = tmp_path / "models"
     (root / "m" / "model").mkdir(parents=True)
     (root / "m" / "model" / "model.pt").write_bytes(b"")  # (a model by its files; never loaded here)
-    settings = Settings(multi_model=True, metrics=False)
+    settings = Settings(multi_model=True, metrics=False, models_root=str(root))
     server = MultiModelServer(settings, state_dir=str(tmp_path / "state"))
     table = endpoints.build(server, settings)
 
@@ -86,3 +86,16 @@ def test_the_request_line_holds_the_longest_name_percent_encoded():
     lines = [f"POST /models/{name}/invoke HTTP/1.1", f"DELETE /models/{name} HTTP/1.1",
              f"POST /v2/models/{name}/versions/1/infer HTTP/1.1", f"GET /v2/models/{name}/versions/1/ready HTTP/1.1"]
     assert max(map(len, lines)) + 512 <= gunicorn_conf.limit_request_line
+
+
+@pytest.mark.parametrize("url", ["/elsewhere/model", "relative/model", "{root}/../elsewhere", "{root}/m/../../x",
+                                 "{root}-sibling/model", "/"])
+def test_a_folder_outside_the_models_root_is_400_before_anything_is_registered(api, url):
+    answer = load(api, "m", url.format(root=api.root))
+    assert answer.status == 400 and b"not a folder under" in answer.body and b"SMSERVE_MODELS_ROOT" in answer.body
+    assert api.server.shared.entries() == []
+
+
+def test_the_default_models_root_is_sagemakers():
+    assert Settings().models_root == "/opt/ml/models"
+    assert Settings.from_env({"SMSERVE_MODELS_ROOT": "/srv/models/"}).models_root == "/srv/models"

@@ -233,7 +233,7 @@ class MultiModelServer:
     def load(self, name: str, url: str) -> None:
         """POST /models: returns once every worker has loaded and warmed the model."""
         check_name(name)
-        _check_model_folder(url)
+        _check_model_folder(url, self.settings.models_root)
         _warn_of_a_big_torchscript(name, url)
         self._prepared.wait()  # (a call in the worker's first seconds, while torch comes in)
         self._check_room_before()
@@ -431,9 +431,18 @@ def _clear_torch_caches(generated: set[str]) -> None:
         pass
 
 
-def _check_model_folder(url: str) -> None:
+def _check_model_folder(url: str, root: str) -> None:
+    """The folder must be under the models root (SMSERVE_MODELS_ROOT): loading a model
+    runs its code/inference.py, so the container trusts whoever may call POST /models
+    (SageMaker, which copies models there) only as far as that folder. The path is
+    checked as written, '..' resolved, symbolic links not: what lies under the root,
+    links included, is SageMaker's to place."""
     if not isinstance(url, str) or not url:
         raise BadRequest("'url' must be the model's folder")
+    path = os.path.normpath(url)
+    if not os.path.isabs(url) or not (root == os.sep or path == root or path.startswith(root + os.sep)):
+        raise BadRequest(f"{url[:200]!r} is not a folder under {root}: models are loaded from there only "
+                         "(SMSERVE_MODELS_ROOT)")
     if not os.path.isdir(url):
         raise BadRequest(f"no model folder at {url}")
     if not any(os.path.isfile(os.path.join(url, f)) for f in MODEL_FILES) \
