@@ -99,3 +99,10 @@ def test_a_folder_outside_the_models_root_is_400_before_anything_is_registered(a
 def test_the_default_models_root_is_sagemakers():
     assert Settings().models_root == "/opt/ml/models"
     assert Settings.from_env({"SMSERVE_MODELS_ROOT": "/srv/models/"}).models_root == "/srv/models"
+
+
+@pytest.mark.parametrize("root", ["{root}", "{root}/", "{root}/m/..", "/"])
+def test_a_folder_under_the_models_root_passes_however_the_root_is_written(api, root):
+    from smserve.engine.multi_model import _check_model_folder
+
+    _check_model_folder(str(api.root / "m" / "model"), root.format(root=api.root))

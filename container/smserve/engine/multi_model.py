@@ -439,7 +439,7 @@ def _check_model_folder(url: str, root: str) -> None:
     links included, is SageMaker's to place."""
     if not isinstance(url, str) or not url:
         raise BadRequest("'url' must be the model's folder")
-    path = os.path.normpath(url)
+    path, root = os.path.normpath(url), os.path.normpath(root)
     if not os.path.isabs(url) or not (root == os.sep or path == root or path.startswith(root + os.sep)):
         raise BadRequest(f"{url[:200]!r} is not a folder under {root}: models are loaded from there only "
                          "(SMSERVE_MODELS_ROOT)")
