@@ -80,9 +80,11 @@ new-model: install ## metadata.json + code/inference.py for the model.pt2/model.
 
 # A model that fails to load stops the server here (SMSERVE_EXIT_ON_LOAD_ERROR): locally
 # the error is the news, while under SageMaker the container stays up and /ping says 500.
+# In multi-model mode POST /models loads folders under this checkout (build/model,
+# make mme-local's build/mme-cache), where SageMaker's are under /opt/ml/models.
 serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8080) with the image's entrypoint
 	@test -d "$(MODEL_DIR)" || { echo "make serve: $(MODEL_DIR_SETTING)=$(MODEL_DIR) is not a folder: give the one holding your model.pt2 or model.pt (make serve MODEL_DIR=my-model)" >&2; exit 2; }
-	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) SMSERVE_EXIT_ON_LOAD_ERROR=$(or $(SMSERVE_EXIT_ON_LOAD_ERROR),true) $(PY) container/serve serve
+	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) SMSERVE_EXIT_ON_LOAD_ERROR=$(or $(SMSERVE_EXIT_ON_LOAD_ERROR),true) SMSERVE_MODELS_ROOT=$(or $(SMSERVE_MODELS_ROOT),$(CURDIR)) $(PY) container/serve serve
 
 # The tests on PYTEST_WORKERS processes (pytest-xdist; a free process takes the next
 # test), then the `serial` ones alone, since they time the server. Both parts always

@@ -61,7 +61,8 @@ def server(model_dir: Path, workers: int, multi: bool, log: Path) -> ServerProce
     env = {"SAGEMAKER_MODEL_SERVER_WORKERS": str(workers), "SMSERVE_LOG_LEVEL": "warning",
            "SMSERVE_TORCH_THREADS": ""}
     if multi:
-        env["SAGEMAKER_MULTI_MODEL"] = "true"
+        # Models come from build/ and temporary folders, not SageMaker's /opt/ml/models.
+        env.update(SAGEMAKER_MULTI_MODEL="true", SMSERVE_MODELS_ROOT="/")
     return ServerProcess(model_dir, env, log_path=log)
 
 

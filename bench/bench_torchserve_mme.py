@@ -263,7 +263,8 @@ class Ours:
     def __init__(self, work: Path, workers: int):
         self.proc = ServerProcess(work / "none", {"SAGEMAKER_MODEL_SERVER_WORKERS": str(workers),
                                                   "SMSERVE_LOG_LEVEL": "warning", "SMSERVE_TORCH_THREADS": "",
-                                                  "SAGEMAKER_MULTI_MODEL": "true"}, log_path=work / "ours.log")
+                                                  "SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": "/"},
+                                    log_path=work / "ours.log")
         self.url = self.proc.url
 
     def start(self) -> "Ours":

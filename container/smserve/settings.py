@@ -14,6 +14,9 @@ from typing import Callable, Mapping
 from smserve.core.media import MEDIA_TYPES
 
 DEFAULT_MODEL_DIR = "/opt/ml/model"
+# Where SageMaker copies a multi-model endpoint's models (POST /models's url:
+# /opt/ml/models/<model_name>/model).
+DEFAULT_MODELS_ROOT = "/opt/ml/models"
 BATCH_STRATEGIES = ("SINGLE_RECORD", "MULTI_RECORD")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -101,6 +104,9 @@ class Settings:
     # unloads them (docs/multi-model.md). None room: measured (engine/multi_model.py).
     multi_model: bool = False
     models_memory_mb: int | None = None
+    # POST /models loads only a folder under this one: its url names a folder whose
+    # code/inference.py then runs, so only where SageMaker puts models. "/": any folder.
+    models_root: str = DEFAULT_MODELS_ROOT
     # GET /metrics and the recording behind it (off: no route, nothing recorded).
     metrics: bool = True
 
@@ -284,6 +290,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "exit_on_load_error": (PREFIX + "EXIT_ON_LOAD_ERROR", _bool),
     "multi_model": ("SAGEMAKER_MULTI_MODEL", _bool),
     "models_memory_mb": (PREFIX + "MODELS_MEMORY_MB", _positive_int),
+    "models_root": (PREFIX + "MODELS_ROOT", _directory),
     "metrics": (PREFIX + "METRICS", _bool),
 }
 # Read when the field's own variable is unset: SageMaker's name for the same setting.

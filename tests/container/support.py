@@ -66,20 +66,23 @@ def free_port() -> int:
 
 
 class Container:
-    """One `IMAGE serve` container with a model directory mounted read-only at
-    /opt/ml/model, as SageMaker runs it. Not started with --rm, so that its exit code
-    and log outlive it; close() removes it."""
+    """One `IMAGE serve` container with a model directory mounted read-only at `mount`
+    (/opt/ml/model; a multi-model endpoint's models are under /opt/ml/models), as
+    SageMaker runs it. Not started with --rm, so that its exit code and log outlive it;
+    close() removes it."""
 
-    def __init__(self, engine: str, image: str, model_dir: Path, env: dict[str, str] | None = None):
+    def __init__(self, engine: str, image: str, model_dir: Path, env: dict[str, str] | None = None,
+                 mount: str = "/opt/ml/model"):
         self.engine = engine
         self.image = image
         self.model_dir = model_dir
+        self.mount = mount
         self.env = dict(env or {})
         self.name = f"smserve-test-{uuid.uuid4().hex[:12]}"
         self.port = free_port()
 
     def start(self) -> "Container":
-        common = ["--detach", "--name", self.name, "--volume", f"{self.model_dir}:/opt/ml/model:ro"]
+        common = ["--detach", "--name", self.name, "--volume", f"{self.model_dir}:{self.mount}:ro"]
         env = [arg for key, value in self.env.items() for arg in ("--env", f"{key}={value}")]
         published = run([self.engine, "run", *common, *env,
                           "--publish", f"127.0.0.1:{self.port}:{CONTAINER_PORT}", self.image, "serve"])

@@ -27,14 +27,16 @@ def test_the_image_declares_multi_model_support(podman, image):
 def test_the_image_in_multi_model_mode_loads_two_models_and_answers_both(podman, image, example_model_dir, tmp_path):
     models = tmp_path / "models"
     for name in ("alpha", "beta"):
-        shutil.copytree(example_model_dir, models / name)
-    container = Container(podman, image, models, {"SAGEMAKER_MULTI_MODEL": "true",
-                                                  "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}).start()
+        shutil.copytree(example_model_dir, models / name / "model")  # SageMaker's layout
+    env = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
+    container = Container(podman, image, models, env, mount="/opt/ml/models").start()
     try:
         container.wait_ready()
+        r = requests.post(container.url("/models"), json={"model_name": "x", "url": "/opt/program"}, timeout=60)
+        assert r.status_code == 400 and "/opt/ml/models" in r.json()["error"], r.text  # only SageMaker's models
         for name in ("alpha", "beta"):
-            r = requests.post(container.url("/models"), json={"model_name": name, "url": f"/opt/ml/model/{name}"},
-                              timeout=180)
+            r = requests.post(container.url("/models"),
+                              json={"model_name": name, "url": f"/opt/ml/models/{name}/model"}, timeout=180)
             assert r.status_code == 200, r.text
         listed = requests.get(container.url("/models"), timeout=10).json()["models"]
         assert [m["modelName"] for m in listed] == ["alpha", "beta"]

@@ -118,3 +118,12 @@ def test_expect_100_continue_over_the_payload_limit_gets_the_413_and_no_invitati
     finally:
         sock.close()
     assert requests.get(example_server.url + "/ping", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("expect", ["foo", "100-continue, foo", "200-ok"])
+def test_an_expectation_other_than_100_continue_is_417(example_server, expect):
+    """RFC 9110 10.1.1: a server that does not meet an expectation answers 417 (it was 400)."""
+    with connect(example_server.port, timeout=10) as sock:
+        sock.sendall(request_bytes("POST", "/invocations", b"1,2", {"Content-Type": "text/csv", "Expect": expect}))
+        answer = Reader(sock).response()
+    assert answer.status == 417 and expect in answer.json()["error"], answer

@@ -12,7 +12,8 @@ import requests
 
 from local_test.server_process import ServerProcess
 from tests.helpers.models import ECHO_HOOKS, model_dir_with
-from tests.helpers.servers import start_all
+from tests.helpers.servers import start_all, wait_until
+from tests.integration.http_raw import Reader, connect, request_bytes
 
 INFERENCE_ID = "X-Amzn-SageMaker-Inference-Id"
 
@@ -73,6 +74,15 @@ def test_at_debug_successful_pings_are_logged_and_ids_are_in_text_lines(servers)
     # A caller's id that holds spaces and quotes is quoted: it cannot forge the line's fields.
     assert [line for line in invocations if line.endswith(' id="a b\\" 200 0"')], invocations
     assert [line for line in invocations if " 500 " in line and line.endswith(" id=-")], invocations
+
+
+def test_a_quote_in_the_request_target_is_escaped_in_the_text_line(servers):
+    server = servers["debug"]
+    with connect(server.port) as sock:
+        sock.sendall(request_bytes("GET", '/x"_200_0_0.1ms_id=forged"'))
+        assert Reader(sock).response().status == 404
+    escaped = '"GET /x\\"_200_0_0.1ms_id=forged\\"" 404 '
+    assert wait_until(lambda: escaped in server.log(), timeout=10), server.log()[-2000:]
 
 
 def test_json_access_lines_carry_the_inference_id_and_route(servers):

@@ -70,8 +70,10 @@ def archives(tmp_path_factory, example_model_dir) -> Path:
 @pytest.fixture(scope="module")
 def servers(archives, tmp_path_factory):
     logs = tmp_path_factory.mktemp("mme-driver-logs")
-    api = ServerProcess(archives / "none", MME, log_path=logs / "api.log")
-    small = ServerProcess(archives / "none", {**MME, "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
+    # The driver unpacks into each test's own temporary folder: all under the base one.
+    mme = {**MME, "SMSERVE_MODELS_ROOT": str(tmp_path_factory.getbasetemp())}
+    api = ServerProcess(archives / "none", mme, log_path=logs / "api.log")
+    small = ServerProcess(archives / "none", {**mme, "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
                           log_path=logs / "small.log")
     start_all([api, small])
     try:
@@ -169,7 +171,8 @@ def test_max_models_unloads_the_least_recently_used(api, archives, tmp_path):
 def test_the_order_of_use_outlives_the_driver(api, archives, tmp_path):
     """A later command knows which model was used least recently, and counts models the
     server holds that no driver used as older still."""
-    requests.post(api.url + "/models", json={"model_name": "stranger", "url": str(ROOT / "build" / "model")},
+    stranger = shutil.copytree(ROOT / "build" / "model", tmp_path / "stranger")
+    requests.post(api.url + "/models", json={"model_name": "stranger", "url": str(stranger)},
                   timeout=120).raise_for_status()
     first = LocalMultiModel(archives, api.url, tmp_path)
     for target in ("b.tar.gz", "a.tar.gz", "b.tar.gz"):

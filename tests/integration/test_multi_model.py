@@ -15,6 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -46,11 +47,16 @@ def models(tmp_path_factory, example_model_dir) -> Path:
     return root
 
 
+def mme(models: Path) -> dict[str, str]:
+    """Multi-model mode loading from `models` (SageMaker's root is /opt/ml/models)."""
+    return {**MME, "SMSERVE_MODELS_ROOT": str(models)}
+
+
 @pytest.fixture(scope="module")
 def servers(models, tmp_path_factory):
     logs = tmp_path_factory.mktemp("mme-logs")
-    api = ServerProcess(models / "none", MME, log_path=logs / "api.log")
-    small = ServerProcess(models / "none", {**MME, "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
+    api = ServerProcess(models / "none", mme(models), log_path=logs / "api.log")
+    small = ServerProcess(models / "none", {**mme(models), "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
                           log_path=logs / "small.log")
     start_all([api, small])
     yield {"api": api, "small": small}
@@ -136,6 +142,57 @@ def test_a_bad_load_request_is_a_json_4xx(servers, body, status):
     r = requests.post(server.url + "/models", data=body if isinstance(body, str) else json.dumps(body))
     assert r.status_code == status and "error" in r.json()
     assert requests.get(server.url + "/models/x").status_code == 404
+
+
+def listed(server) -> list[str]:
+    return [m["modelName"] for m in requests.get(server.url + "/models", timeout=10).json()["models"]]
+
+
+@pytest.mark.parametrize("name", ["a" * 1025, "x" * 4100, "caf\u00e9", "tab\there", " leading-space", "nul\x00",
+                                  "del\x7f"],
+                         ids=["1025", "4100", "non-ascii", "tab", "space", "nul", "del"])
+def test_a_name_sagemaker_could_not_send_is_400_and_nothing_is_registered(servers, models, name):
+    """SageMaker's TargetModel is 1-1,024 printable ASCII characters. A name of ~4,080+
+    could never be addressed again (414s), each name is a label of ~20 /metrics series,
+    and all were loaded before."""
+    server = servers["api"]
+    r = load(server, name, models / "a")
+    assert r.status_code == 400 and "model_name must be 1 to 1024 characters" in r.json()["error"], r.text
+    assert listed(server) == []
+
+
+def test_a_name_of_1024_characters_that_each_need_escaping_works_end_to_end(servers, models):
+    """The longest name SageMaker may send, every character percent-encoded in its paths
+    (3,072 bytes of path): loaded, described, invoked, listed and unloaded."""
+    server = servers["api"]
+    name = "/% ?#\"&+"[:1] + "".join("/% ?#\"&+"[i % 8] for i in range(1, 1024))
+    assert len(name) == 1024
+    path = "/models/" + quote(name, safe="")
+    assert len(path) > 3000
+    assert load(server, name, models / "b").status_code == 200
+    try:
+        assert requests.get(server.url + path, timeout=10).json()["modelName"] == name
+        for _ in range(4):  # both workers
+            r = requests.post(server.url + path + "/invoke", json={"instances": PIXELS}, timeout=30)
+            assert r.status_code == 200 and len(r.json()["predictions"]) == 1, r.text
+        assert listed(server) == [name]
+        label = name.replace("\\", "\\\\").replace('"', '\\"')  # as Prometheus text escapes it
+        assert f'smserve_model_ready{{model="{label}"}} 1.0' in requests.get(server.url + "/metrics", timeout=10).text
+    finally:
+        assert requests.delete(server.url + path, timeout=60).status_code == 200
+    assert listed(server) == []
+
+
+def test_a_folder_outside_the_models_root_is_400(servers, models, tmp_path, example_model_dir):
+    """Loading runs the folder's code/inference.py: only folders under SMSERVE_MODELS_ROOT
+    (SageMaker's /opt/ml/models) are loaded, '..' resolved first."""
+    server = servers["api"]
+    outside = shutil.copytree(example_model_dir, tmp_path / "elsewhere")
+    for url in (str(outside), str(models / "a" / ".." / ".." / outside.parent.name / "elsewhere"), "a",
+                str(models) + "-sibling"):
+        r = load(server, "x", url)
+        assert r.status_code == 400 and "not a folder under" in r.json()["error"], (url, r.text)
+    assert listed(server) == []
 
 
 def test_a_broken_model_is_400_and_the_others_go_on(servers, models):
@@ -250,7 +307,7 @@ def test_a_restarted_worker_loads_every_model_before_it_serves(servers, models):
 
 
 def test_sigterm_drains_invokes_in_flight(models, tmp_path):
-    server = ServerProcess(models / "none", MME, log_path=tmp_path / "drain.log").start(wait=False)
+    server = ServerProcess(models / "none", mme(models), log_path=tmp_path / "drain.log").start(wait=False)
     try:
         # The start: /ping is 503 until every worker has torch in and follows the model
         # registry, so SageMaker's first 200 comes when a load can start at once.

@@ -135,7 +135,7 @@ def servers(tmp_path_factory, example_model_dir):
     example_with(models, example_model_dir, "whole", PREDICT_WITH_CONTEXT.format(batched=False), 0)
     logs = tmp_path_factory.mktemp("context-logs")
     single = ServerProcess(context_model, WORKERS, log_path=logs / "single.log")
-    mme = ServerProcess(root / "none", {**WORKERS, "SAGEMAKER_MULTI_MODEL": "true",
+    mme = ServerProcess(root / "none", {**WORKERS, "SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": str(models),
                                         # predict_fn sleeps nothing: let requests gather.
                                         "SMSERVE_MAX_BATCH_DELAY_MS": "5"}, log_path=logs / "mme.log")
     sessions = ServerProcess(sessions_model, WORKERS, log_path=logs / "sessions.log")

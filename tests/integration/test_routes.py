@@ -98,6 +98,20 @@ def test_a_script_name_header_that_breaks_the_environ_is_a_json_400(example_serv
     assert requests.get(example_server.url + "/ping").status_code == 200
 
 
+@pytest.mark.parametrize("method, path, status_line", [
+    ("GET", "/nope", b"HTTP/1.1 404 Not Found\r\n"),  # answered by the Flask app
+    ("GET", "/v2/models/nope", b"HTTP/1.1 404 Not Found\r\n"),  # by the route table
+    ("PUT", "/ping", b"HTTP/1.1 405 Method Not Allowed\r\n"),
+])
+def test_every_answer_has_the_same_reason_phrases(example_server, method, path, status_line):
+    with connect(example_server.port, timeout=10) as sock:
+        sock.sendall(request_bytes(method, path))
+        head = b""
+        while b"\r\n" not in head:
+            head += sock.recv(4096)
+    assert head.startswith(status_line), head
+
+
 def test_a_percent_encoded_model_name_reaches_the_v2_route(example_server):
     body = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": PIXELS}]}
     r = requests.post(example_server.url + "/v2/models/%64igits/infer", json=body)
@@ -122,6 +136,7 @@ def test_flask_test_client_sees_the_same_table(example_model_dir):
             assert (route.flask_rule, method) in rules
     client = app.test_client()
     assert client.get("/nope").status_code == 404 and "error" in client.get("/nope").get_json()
+    assert client.get("/nope").status == "404 Not Found"  # as every other answer says it, not NOT FOUND
     r = client.get("/invocations")
     assert r.status_code == 405 and r.headers["Allow"] == "POST"
     assert client.get("/").get_json()["routes"] == json.loads(json.dumps([

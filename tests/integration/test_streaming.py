@@ -259,6 +259,18 @@ def test_a_bad_message_gets_an_error_message_and_the_session_goes_on(echo_server
         assert "4" in ws.recv(timeout=30)
 
 
+def test_a_malformed_npy_message_gets_an_error_message_and_the_session_goes_on(example_server, digits):
+    """A .npy whose dtype numpy lacks made the codec raise TypeError, which the session
+    took for the server's fault: it closed with 1011."""
+    x = digits[0][:1].astype(np.float32)
+    with ws_connect(ws_url(example_server)) as ws:
+        ws.send(npy(x).replace(b"<f4", b"<f5"))
+        error = json.loads(ws.recv(timeout=30))
+        assert error["status"] == 400 and "'<f5'" in error["error"], error
+        ws.send(npy(x))
+        assert from_npy(ws.recv(timeout=30)).shape == (1, 10)
+
+
 @pytest.mark.slow
 def test_a_model_that_fails_closes_with_1011_and_the_worker_lives(echo_server):
     server = echo_server

@@ -32,12 +32,12 @@ def key() -> str:
     return base64.b64encode(os.urandom(16)).decode()
 
 
-def handshake_answer(port: int, extra_headers: bytes, after: bytes = b"") -> bytes:
+def handshake_answer(port: int, extra_headers: bytes, after: bytes = b"", version: bytes = b"1.1") -> bytes:
     """The server's answer to a handshake with extra header lines (and bytes after the
     head): its status line."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     try:
-        sock.sendall(b"GET " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+        sock.sendall(b"GET " + PATH.encode() + b" HTTP/" + version + b"\r\nHost: x\r\nUpgrade: websocket\r\n"
                      b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n" + extra_headers + b"\r\n" + after)
         conn = Conn(sock)
         return conn.response_head()
@@ -54,6 +54,13 @@ def test_a_key_sent_twice_is_400(echo_server, keys):
     lines = b"".join(b"Sec-WebSocket-Key: " + k.encode("utf-8") + b"\r\n" for k in keys)
     assert handshake_answer(echo_server.port, lines).startswith(b"HTTP/1.1 400")
     assert "UnicodeEncodeError" not in echo_server.log()
+
+
+def test_a_handshake_over_http_1_0_is_400(echo_server):
+    """RFC 6455 4.1: a handshake is an HTTP/1.1 request (it was answered 101)."""
+    key_line = b"Sec-WebSocket-Key: " + key().encode() + b"\r\n"
+    assert handshake_answer(echo_server.port, key_line, version=b"1.0").startswith(b"HTTP/1.1 400")
+    assert handshake_answer(echo_server.port, key_line).startswith(b"HTTP/1.1 101")
 
 
 @pytest.mark.parametrize("body_headers, body", [

@@ -117,16 +117,16 @@ class InlineServer:
 def test_decode_undoes_codings_last_first_and_always_off_the_loop():
     server = InlineServer()
     twice = zlib.compress(gzip.compress(b"payload"))  # gzip applied first, then deflate
-    assert contentcoding.decode(twice, "gzip, deflate", LIMIT, "", server) == b"payload"
+    assert contentcoding.decode(twice, "gzip, deflate", LIMIT, "", server).body == b"payload"
     # Each inflate goes to a codec thread: its size is the limit (the work's bound), not the wire size.
     assert server.calls == [(LIMIT, inflate), (LIMIT, inflate)]
 
 
 def test_decode_leaves_a_plain_or_empty_body_alone():
     server = InlineServer()
-    assert contentcoding.decode(b"abc", None, LIMIT, "", server) == b"abc"
-    assert contentcoding.decode(b"abc", "identity", LIMIT, "", server) == b"abc"
-    assert contentcoding.decode(b"", "gzip", LIMIT, "", server) == b""
+    assert contentcoding.decode(b"abc", None, LIMIT, "", server).body == b"abc"
+    assert contentcoding.decode(b"abc", "identity", LIMIT, "", server).body == b"abc"
+    assert contentcoding.decode(b"", "gzip", LIMIT, "", server).body == b""
     assert server.calls == []
 
 
@@ -183,11 +183,12 @@ def requests_at_once(server, bodies: list[bytes], limit: int, hold_s: float) -> 
         except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
             outcomes[i] = e
             return
-        alive[i] = len(inflated)
+        alive[i] = len(inflated.body)
         most = max(most, sum(alive.values()))
         gevent.sleep(hold_s)
-        outcomes[i] = len(inflated)
-        del alive[i], inflated
+        outcomes[i] = len(inflated.body)
+        del alive[i]
+        inflated.release()  # the request done
 
     gevent.joinall([gevent.spawn(request, i, body) for i, body in enumerate(bodies)])
     return most, outcomes
@@ -206,8 +207,6 @@ def test_inflated_bytes_in_flight_stay_within_the_codec_threads_limits():
 
 
 def test_a_request_that_finds_no_room_in_time_is_503_with_retry_after(monkeypatch):
-    import gevent
-
     server = ThreadedServer()
     ledger = contentcoding.inflated_bytes(server, 1 << 20)
     monkeypatch.setattr(ledger, "wait_s", 0.1)
@@ -217,10 +216,10 @@ def test_a_request_that_finds_no_room_in_time_is_503_with_retry_after(monkeypatc
         contentcoding.decode(gzip.compress(b"y"), "gzip", 1 << 20, "", server)
     assert refused.value.status == 503 and refused.value.headers == {"Retry-After": "1"}
     assert ledger.in_flight == 2 * size  # the bodies still held; the refused one reserved nothing
-    del kept
-    gevent.sleep(0)  # (the pool lets go of its last result on the loop's next turn)
+    for inflated in kept:
+        inflated.release()
     assert ledger.in_flight == 0
-    assert contentcoding.decode(gzip.compress(b"y"), "gzip", 1 << 20, "", server) == b"y"
+    assert contentcoding.decode(gzip.compress(b"y"), "gzip", 1 << 20, "", server).body == b"y"
 
 
 def test_bodies_that_fail_to_inflate_leave_no_reservation_behind():
@@ -231,3 +230,103 @@ def test_bodies_that_fail_to_inflate_leave_no_reservation_behind():
             with pytest.raises(error):
                 contentcoding.decode(body, "gzip", 1 << 20, "", server)
     assert contentcoding.inflated_bytes(server, 1 << 20).reserved == 0
+
+
+# --------------------------------------------------------------------------------------
+# Nothing kept once a request is done (issue 33): the ledger counts, it keeps no list
+
+
+def invocations(server, monkeypatch, answer=None):
+    """POST /invocations's route on `server`, the protocols replaced by `answer`
+    (message -> Reply; by default the body's length): what the route does with the
+    body before and after them is what is tested."""
+    from smserve.core.reply import Reply
+    from smserve.protocols import dispatch
+    from smserve.routes.sagemaker import SageMakerRoutes
+    from smserve.routes.table import Request
+    from smserve.settings import Settings
+
+    answer = answer or (lambda message: Reply(str(len(message.body)).encode()))
+    monkeypatch.setattr(dispatch, "answer", lambda message, server, settings: answer(message))
+    route = SageMakerRoutes(server, Settings(max_request_mb=1))
+
+    def post(body: bytes):
+        return route.invocations(Request("POST", "/invocations", {"CONTENT-ENCODING": "gzip"}, body))
+
+    return post
+
+
+def test_finished_requests_leave_nothing_in_the_ledger(monkeypatch):
+    """gzip.compress(b"") inflates to the shared b"", whose reference count never drops:
+    the ledger kept each one in its list for good, and every later compressed request
+    walked that list. 5,000 requests later nothing of them is left (measured by what
+    contentcoding.py allocated and still holds), and the ledger reserves nothing."""
+    server = ThreadedServer()
+    post = invocations(server, monkeypatch)
+    empty, small = gzip.compress(b""), gzip.compress(b"abc")
+    for body in (empty, small) * 10:  # the ledger, the pool's threads, interned results
+        post(body)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for i in range(5000):
+            assert post(small if i % 10 == 0 else empty).body in (b"0", b"3")
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    only_here = [tracemalloc.Filter(True, contentcoding.__file__)]
+    grown = sum(stat.size_diff for stat in after.filter_traces(only_here).compare_to(
+        before.filter_traces(only_here), "filename"))
+    assert grown < 1024, f"contentcoding.py holds {grown} more bytes after 5,000 requests"
+    assert contentcoding.inflated_bytes(server, 1 << 20).in_flight == 0
+
+
+def test_a_streamed_answer_holds_its_body_until_the_stream_ends_or_is_closed(monkeypatch):
+    from smserve.core.reply import Reply
+
+    server = ThreadedServer()
+    post = invocations(server, monkeypatch, lambda message: Reply(iter([message.body[:2], message.body[2:]])))
+    ledger = contentcoding.inflated_bytes(server, 1 << 20)
+    answer = post(gzip.compress(b"abcdef"))
+    assert ledger.in_flight == 6  # made, not yet sent
+    assert b"".join(answer.body) == b"abcdef"
+    assert ledger.in_flight == 0
+    unread = post(gzip.compress(b"abcdef"))
+    assert ledger.in_flight == 6
+    unread.body.close()  # the client left before the first chunk: the generator never started
+    assert ledger.in_flight == 0
+
+
+def test_a_request_whose_protocol_fails_gives_its_room_back(monkeypatch):
+    def refuse(message):
+        raise BadRequest("no")
+
+    server = ThreadedServer()
+    post = invocations(server, monkeypatch, refuse)
+    with pytest.raises(BadRequest):
+        post(gzip.compress(b"abc"))
+    assert contentcoding.inflated_bytes(server, 1 << 20).in_flight == 0
+
+
+def test_room_given_back_lets_waiting_requests_in_first_come_first_served():
+    import gevent
+
+    ledger = contentcoding.InflatedBytes(10, wait_s=30)
+    ledger.reserve(8)
+    order = []
+
+    def wait(name, size):
+        ledger.reserve(size)
+        order.append(name)
+
+    waiters = [gevent.spawn(wait, "first", 5), gevent.spawn(wait, "second", 1)]
+    gevent.sleep(0)
+    assert order == [] and ledger.reserved == 8  # "second" would fit, but waits its turn
+    killed = gevent.spawn(wait, "killed", 5)
+    gevent.sleep(0)
+    killed.kill()  # its client gone while it waited: it takes no room with it
+    ledger.release(8)
+    gevent.joinall(waiters, timeout=5)
+    assert order == ["first", "second"] and ledger.reserved == 6
+    ledger.release(6)
+    assert ledger.reserved == 0 and not ledger._waiting

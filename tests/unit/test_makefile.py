@@ -52,6 +52,8 @@ def test_serve_defaults_to_the_example_on_8080_and_builds_it():
     out = make("-n", "-B", "serve", "VENV=/nonexistent-venv")
     assert f"SM_MODEL_DIR={ROOT}/build/model SAGEMAKER_BIND_TO_PORT=8080" in serve_command(out)
     assert "-m model.train" in out
+    # A multi-model server loads from this checkout (make mme-local's cache), not /opt/ml/models.
+    assert f" SMSERVE_MODELS_ROOT={ROOT} " in serve_command(out)
 
 
 def test_sagemaker_variables_in_the_environment_win(tmp_path):

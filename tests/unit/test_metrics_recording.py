@@ -155,9 +155,9 @@ def test_gpu_memory_per_device_from_torch_cuda(registry):
 
 def test_exposition_negotiates_openmetrics(registry):
     metrics.flush()
-    body, content_type = exposition.collect("application/openmetrics-text; version=1.0.0")
+    body, content_type = exposition.collect("application/openmetrics-text; version=1.0.0", registry)
     assert content_type.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
-    body, content_type = exposition.collect(None)
+    body, content_type = exposition.collect(None, registry)
     assert content_type.startswith("text/plain; version=0.0.4") and b"smserve_requests_total" in body
 
 

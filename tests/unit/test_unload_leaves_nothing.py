@@ -25,6 +25,7 @@ def test_an_unloaded_models_metrics_go_and_their_sums_stay(tmp_path):
     script = textwrap.dedent("""
         import json, sys
         from smserve import metrics
+        from smserve.metrics import recording
         from prometheus_client import values
         metrics.enable()
         listed = dict(zip(values.ValueClass.__init__.__code__.co_freevars,
@@ -36,7 +37,7 @@ def test_an_unloaded_models_metrics_go_and_their_sums_stay(tmp_path):
             stats.ran(3)
             stats.waited(0.0, 0.001)
             metrics.forget_model(f"m{i}")
-            assert f"m{i}" in metrics._models
+            assert f"m{i}" in recording._models
             metrics.forget_model(f"m{i}")
         grown = len(listed) - start
         again = metrics.model("m7")  # a later load of a name counts on from its sums
@@ -48,7 +49,7 @@ def test_an_unloaded_models_metrics_go_and_their_sums_stay(tmp_path):
         MultiProcessCollector(registry)
         print(json.dumps({"grown": grown, "m7": registry.get_sample_value("smserve_inferences_total", {"model": "m7"}),
                           "m150": registry.get_sample_value("smserve_inferences_total", {"model": "m150"}),
-                          "kept": len(metrics._models)}))
+                          "kept": len(recording._models)}))
     """)
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(ROOT / "container")}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)

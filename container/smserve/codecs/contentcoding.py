@@ -11,20 +11,19 @@ Bounded in total too: a hundred bodies of 100 KB can each claim the payload limi
 a body inflated ahead of its turn would be held while it waits for a codec thread and
 the model. So each worker holds at most as many payload limits of inflated bytes as it
 has codec threads (InflatedBytes): a body is inflated only when that leaves room, and
-its bytes count until nothing but the ledger refers to them. A request that finds no
-room within INFLATE_WAIT_S is a 503 with Retry-After, so memory stays in proportion to
-what was received.
+its bytes count from then until its request is done, when the route releases them
+(Inflated.release: once the answer is made, or a streamed answer has ended). A
+request that finds no room within INFLATE_WAIT_S is a 503 with Retry-After, so memory
+stays in proportion to what was received.
 """
 
 from __future__ import annotations
 
-import gc
-import sys
-import time
 import weakref
 import zlib
+from collections import deque
 
-import gevent
+from gevent.event import Event
 
 from smserve.errors import BadRequest, PayloadTooLarge, Unavailable, UnsupportedMediaType
 
@@ -38,11 +37,9 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # size, and an empty one is 20 bytes that add nothing to the output limit; bgzip's
 # 64 KB blocks make ~1,600 of them for the largest body (100 MB).
 MAX_MEMBERS = 10_000
-# How long a request waits for room among the inflated bodies before its 503, and how
-# often it looks: bodies are freed by the requests that hold them, which signal nothing.
-# Well within SageMaker's 60 s invocation timeout, so the client hears why.
+# How long a request waits for room among the inflated bodies before its 503: well
+# within SageMaker's 60 s invocation timeout, so the client hears why.
 INFLATE_WAIT_S = 30.0
-_POLL_S = 0.005
 
 
 def codings(header: str | None) -> list[str]:
@@ -62,90 +59,101 @@ def codings(header: str | None) -> list[str]:
     return found
 
 
-def decode(body: bytes, header: str | None, limit: int, limit_setting: str, server) -> bytes:
-    """The body with its content codings undone, on a codec thread; unchanged when it
-    has none. More than `limit` bytes of output is a 413."""
+def decode(body: bytes, header: str | None, limit: int, limit_setting: str, server) -> "Inflated":
+    """The body with its content codings undone, on a codec thread (unchanged when it
+    has none), holding its room among the worker's inflated bodies until the caller
+    releases it. More than `limit` bytes of output is a 413."""
     applied = codings(header)
     if not applied or not body:  # no body is no body, however it says it is coded
-        return body
+        return Inflated(body)
     ledger = inflated_bytes(server, limit)
     ledger.reserve(limit)  # the most this body can become, until it is made
     try:
         for coding in reversed(applied):
             # The size given is the work's bound (the limit), so it goes to a codec thread.
             body = server.codec(limit, inflate, body, coding, limit, limit_setting)
-    finally:
+    except BaseException:
         ledger.release(limit)
-    ledger.hold(body)
-    return body
+        raise
+    ledger.release(limit - len(body))  # from now on the body counts as what it became
+    return Inflated(body, ledger, len(body))
+
+
+class Inflated:
+    """A request's body as the protocols read it, and the room it holds in its worker's
+    ledger until release(). The route that asked for it releases it once, when the
+    request is done: whatever still refers to the bytes then (an array viewing them) is
+    the request's own and goes with it."""
+
+    __slots__ = ("body", "_ledger", "_size")
+
+    def __init__(self, body: bytes, ledger: "InflatedBytes | None" = None, size: int = 0):
+        self.body = body
+        self._ledger = ledger
+        self._size = size
+
+    def release(self) -> None:
+        """Gives the room back (once; later calls do nothing) and lets go of the body."""
+        ledger, self._ledger = self._ledger, None
+        self.body = b""
+        if ledger is not None:
+            ledger.release(self._size)
 
 
 class InflatedBytes:
     """One worker's inflated request bodies, at most `capacity` bytes of them at once.
 
-    Used on the event loop only. A body counts from its reservation (the limit, before
-    it is inflated) until only this ledger refers to it: whichever request, codec step,
-    array view or stream holds it, its memory is held. A reference count is the one
-    sign of that: bytes take no weak reference, and orjson refuses any subclass.
-    """
+    Used on the event loop only. Two numbers and the queue of requests waiting for
+    room: a reservation and a release are O(1) whatever came before, and a request done
+    leaves nothing here. Room is handed out first come, first served: a release wakes
+    the requests at the head of the queue that now fit."""
 
     def __init__(self, capacity: int, wait_s: float = INFLATE_WAIT_S):
         self.capacity = capacity
         self.wait_s = wait_s
-        self.reserved = 0
-        self._held: list[bytes] = []
-        # Requests waiting for room, first come first served.
-        self._waiting: list[object] = []
+        self.reserved = 0  # bytes of bodies being inflated (their limit) or in use (their size)
+        self._waiting: deque[tuple[Event, int]] = deque()
 
     @property
     def in_flight(self) -> int:
-        """Bytes reserved or held by bodies still in use."""
-        self._forget_unused()
-        return self.reserved + sum(map(len, self._held))
+        """Bytes reserved for bodies being inflated or held by requests not yet done."""
+        return self.reserved
 
     def reserve(self, size: int) -> None:
         """Wait, in turn, until `size` more bytes fit; a 503 with Retry-After if they do
         not within wait_s."""
-        deadline = time.monotonic() + self.wait_s
-        turn = object()
+        if not self._waiting and self.reserved + size <= self.capacity:
+            self.reserved += size
+            return
+        turn = (Event(), size)
         self._waiting.append(turn)
         try:
-            collected = False
-            while self._waiting[0] is not turn or self.in_flight + size > self.capacity:
-                if self._waiting[0] is turn and not collected and self._held:
-                    # A body kept only by a reference cycle (an exception's traceback)
-                    # is freed by the collector, not by its reference count.
-                    gc.collect()
-                    collected = True
-                    continue
-                if time.monotonic() >= deadline:
-                    raise Unavailable(f"this worker holds {self.in_flight} bytes of decompressed request bodies, "
-                                      f"its most ({self.capacity}); retry, or send the body uncompressed",
-                                      headers={"Retry-After": "1"})
-                gevent.sleep(_POLL_S)
-            self.reserved += size
-        finally:
-            self._waiting.remove(turn)
+            turn[0].wait(self.wait_s)
+        except BaseException:  # its greenlet killed while it waited (the client gone at a drain's end)
+            self._withdraw(turn)
+            raise
+        if turn[0].is_set():
+            return  # _admit counted it in
+        self._withdraw(turn)
+        raise Unavailable(f"this worker holds {self.reserved} bytes of decompressed request bodies, its most "
+                          f"({self.capacity}); retry, or send the body uncompressed", headers={"Retry-After": "1"})
 
     def release(self, size: int) -> None:
         self.reserved -= size
+        self._admit()
 
-    def hold(self, body: bytes) -> None:
-        self._held.append(body)
+    def _withdraw(self, turn: tuple[Event, int]) -> None:
+        if turn[0].is_set():
+            self.release(turn[1])  # let in just as it left
+        else:
+            self._waiting.remove(turn)
+            self._admit()  # it may have held back smaller requests behind it
 
-    def _forget_unused(self) -> None:
-        if self._held:
-            self._held = [body for body in self._held if sys.getrefcount(body) > _LEDGER_REFS]
-
-
-def _refs_when_unused() -> int:
-    """What sys.getrefcount says, inside _forget_unused's comprehension, of a body that
-    only the ledger's list refers to (the list's, the loop variable's, the call's own)."""
-    held = [object()]
-    return [sys.getrefcount(body) for body in held][0]
-
-
-_LEDGER_REFS = _refs_when_unused()
+    def _admit(self) -> None:
+        while self._waiting and self.reserved + self._waiting[0][1] <= self.capacity:
+            event, size = self._waiting.popleft()
+            self.reserved += size
+            event.set()
 
 
 # One ledger per model server (one per worker process); weak, so a test's servers go.

@@ -93,7 +93,11 @@ def _header(body: bytes) -> tuple[tuple, bool, np.dtype, int]:
     if any(len(d) > _MAX_DIM_DIGITS for d in dims):  # (int() refuses 4,300+ digits: ValueError)
         raise BadRequest(f"the .npy header declares an invalid shape ({match['shape'][:40]}...)")
     shape = tuple(int(d) for d in dims)
-    return shape, match["order"] == "True", np.dtype(match["descr"]), end
+    try:
+        dtype = np.dtype(match["descr"])
+    except TypeError:  # a size numpy lacks: '<f5', '<i3'
+        raise BadRequest(f"the .npy header declares a dtype numpy does not have: {match['descr']!r}") from None
+    return shape, match["order"] == "True", dtype, end
 
 
 def _numpy_header(body: bytes) -> tuple[tuple, bool, np.dtype]:

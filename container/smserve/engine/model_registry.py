@@ -21,14 +21,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from smserve.errors import Conflict
+from smserve.errors import BadRequest, Conflict
 
 LOADING, READY, UNLOADING = "loading", "ready", "unloading"
+# A model name is what SageMaker can send. POST /models's model_name is SageMaker's own
+# key for a model, documented as opaque and not bounded; the one bound SageMaker states
+# is its source's, InvokeEndpoint's TargetModel: 1 to 1,024 characters of
+# `\A\S[\p{Print}]*\z` (botocore's sagemaker-runtime model), read here as printable
+# ASCII, the first not a space. A longer name could never be addressed again (its path
+# past the request line's limit: gunicorn_conf.limit_request_line), and each name labels
+# a model's ~20 /metrics series: this bounds what they cost.
+MAX_NAME_CHARS = 1024
+_NAME = re.compile(rf"[!-~][ -~]{{0,{MAX_NAME_CHARS - 1}}}")
 # Longer than a file-time tick (jiffies: up to 10 ms), with room to spare.
 _TICK_NS = 50_000_000
 
@@ -43,6 +53,14 @@ class Entry:
     @property
     def key(self) -> str:
         return key(self.name)
+
+
+def check_name(name: str) -> None:
+    """A 400 for a name SageMaker could not send (MAX_NAME_CHARS)."""
+    if not _NAME.fullmatch(name):
+        shown = repr(name[:80]) + (f"... ({len(name)} characters)" if len(name) > 80 else "")
+        raise BadRequest(f"model_name must be 1 to {MAX_NAME_CHARS} characters of printable ASCII, the first not "
+                         f"a space, as SageMaker's TargetModel is; got {shown}")
 
 
 def key(name: str) -> str:

@@ -35,7 +35,7 @@ from gevent.threadpool import ThreadPool
 
 from smserve.engine import memory, readiness
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT
-from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry
+from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
 from smserve.engine.server import FAILED, ModelServer
 from smserve.errors import BadRequest, Conflict, InsufficientStorage, NotFound, Unavailable
 from smserve.settings import Settings
@@ -232,7 +232,8 @@ class MultiModelServer:
 
     def load(self, name: str, url: str) -> None:
         """POST /models: returns once every worker has loaded and warmed the model."""
-        _check_model_folder(url)
+        check_name(name)
+        _check_model_folder(url, self.settings.models_root)
         _warn_of_a_big_torchscript(name, url)
         self._prepared.wait()  # (a call in the worker's first seconds, while torch comes in)
         self._check_room_before()
@@ -268,10 +269,12 @@ class MultiModelServer:
             raise NotFound(f"Model {name!r} is not loaded")
         return _description(entry)
 
-    def list(self, limit: int, token: str | None) -> dict:
-        """GET /models: the same on every worker (it reads the shared folder), by name."""
+    def list(self, limit: int, start: int = 0) -> dict:
+        """GET /models: the same on every worker (it reads the shared folder), by name;
+        `start`: the page's first model, a page's nextPageToken."""
         ready = sorted((e for e in self.shared.entries() if e.state == READY), key=lambda e: e.name)
-        start = _page_start(token, len(ready))
+        if start > len(ready):
+            raise BadRequest(f"invalid next_page_token '{start}': there are {len(ready)} models")
         page = ready[start:start + limit]
         answer: dict = {"models": [_description(e) for e in page]}
         if start + limit < len(ready):
@@ -428,9 +431,18 @@ def _clear_torch_caches(generated: set[str]) -> None:
         pass
 
 
-def _check_model_folder(url: str) -> None:
+def _check_model_folder(url: str, root: str) -> None:
+    """The folder must be under the models root (SMSERVE_MODELS_ROOT): loading a model
+    runs its code/inference.py, so the container trusts whoever may call POST /models
+    (SageMaker, which copies models there) only as far as that folder. The path is
+    checked as written, '..' resolved, symbolic links not: what lies under the root,
+    links included, is SageMaker's to place."""
     if not isinstance(url, str) or not url:
         raise BadRequest("'url' must be the model's folder")
+    path, root = os.path.normpath(url), os.path.normpath(root)
+    if not os.path.isabs(url) or not (root == os.sep or path == root or path.startswith(root + os.sep)):
+        raise BadRequest(f"{url[:200]!r} is not a folder under {root}: models are loaded from there only "
+                         "(SMSERVE_MODELS_ROOT)")
     if not os.path.isdir(url):
         raise BadRequest(f"no model folder at {url}")
     if not any(os.path.isfile(os.path.join(url, f)) for f in MODEL_FILES) \
@@ -456,11 +468,3 @@ def _warn_of_a_big_torchscript(name: str, url: str) -> None:
 
 def _description(entry: Entry) -> dict:
     return {"modelName": entry.name, "modelUrl": entry.url}
-
-
-def _page_start(token: str | None, total: int) -> int:
-    if token is None or token == "":
-        return 0
-    if not token.isdigit() or int(token) > total:
-        raise BadRequest(f"invalid next_page_token {token!r}")
-    return int(token)

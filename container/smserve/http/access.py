@@ -84,8 +84,8 @@ def log_request(environ: dict | Callable[[], dict], status: int, sent: int, star
     request_id = _first(environ, REQUEST_ID_KEYS)
     if request_id is not None:
         fields["request_id"] = request_id
-    log.log(level, '%s "%s %s" %d %d %.1fms id=%s', fields["remote"], method, path, status, sent, latency_ms,
-            _token(inference_id), extra={"fields": fields})
+    log.log(level, '%s "%s %s" %d %d %.1fms id=%s', fields["remote"], _quotable(method), _quotable(path), status,
+            sent, latency_ms, _token(inference_id), extra={"fields": fields})
 
 
 def _made(environ):
@@ -106,9 +106,18 @@ def _token(value: str | None) -> str:
     a caller's id cannot forge the line's other fields."""
     if value is None:
         return "-"
-    if value.isascii() and value.isprintable() and not any(c in value for c in ' "\\'):
-        return value
-    return json.dumps(value)
+    return value if _plain(value) and " " not in value else json.dumps(value)
+
+
+def _quotable(value: str) -> str:
+    """A field the line writes between double quotes (the method and path): as it is when
+    it is plain, else escaped as JSON escapes a string, so that a '"' in a request's
+    target cannot end the quotes and forge the fields after them."""
+    return value if _plain(value) else json.dumps(value)[1:-1]
+
+
+def _plain(value: str) -> bool:
+    return value.isascii() and value.isprintable() and '"' not in value and "\\" not in value
 
 
 def _app_rule(environ: dict) -> str | None:

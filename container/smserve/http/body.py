@@ -5,6 +5,7 @@ can be wrong answered with the status that says so."""
 from __future__ import annotations
 
 import io
+from http import HTTPStatus
 
 from gunicorn.http import errors as http_errors
 from gunicorn.http.body import LengthReader
@@ -196,16 +197,25 @@ def content_length(req) -> int | None:
     return None
 
 
+# gunicorn's parse errors whose own `code` (400, or none) is not the status that says what
+# is wrong. An Expect gunicorn does not meet (anything but 100-continue) is RFC 9110
+# 10.1.1's 417.
+_PARSE_STATUS = (
+    (http_errors.LimitRequestLine, HTTPStatus.REQUEST_URI_TOO_LONG),
+    (http_errors.LimitRequestHeaders, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE),
+    (http_errors.UnsupportedTransferCoding, HTTPStatus.NOT_IMPLEMENTED),
+    (http_errors.ExpectationFailed, HTTPStatus.EXPECTATION_FAILED),
+)
+
+
 def parse_error(e: Exception) -> tuple[int, str]:
     if isinstance(e, http_errors.NoMoreData):
-        return 400, "the connection ended inside the request"
-    status = getattr(e, "code", 400)
-    if isinstance(e, http_errors.LimitRequestLine):
-        status = 414
-    elif isinstance(e, http_errors.LimitRequestHeaders):
-        status = 431
-    elif isinstance(e, http_errors.UnsupportedTransferCoding):
-        status = 501
+        return int(HTTPStatus.BAD_REQUEST), "the connection ended inside the request"
+    status = getattr(e, "code", HTTPStatus.BAD_REQUEST)
+    for kind, named in _PARSE_STATUS:
+        if isinstance(e, kind):
+            status = named
+            break
     if not 400 <= status < 600:
-        status = 400
-    return status, f"{type(e).__name__}: {e}"
+        status = HTTPStatus.BAD_REQUEST
+    return int(status), f"{type(e).__name__}: {e}"

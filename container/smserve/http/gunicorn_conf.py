@@ -12,6 +12,7 @@ import shutil
 from prometheus_client import multiprocess
 
 from smserve.engine import hardware, readiness
+from smserve.engine.model_registry import MAX_NAME_CHARS
 from smserve import logs
 from smserve.settings import Settings
 
@@ -33,6 +34,10 @@ timeout = _settings.request_timeout
 graceful_timeout = _settings.graceful_timeout
 # Longer than the load balancer's idle timeout, so it never reuses a connection we closed.
 keepalive = 75
+# A multi-model name SageMaker may send (MAX_NAME_CHARS) is three times as long
+# percent-encoded, in the path of its DELETE and invoke; 1 KB more for the method, the
+# rest of the path, a query and the version (4,096 bytes; gunicorn's default is 4,094).
+limit_request_line = 3 * MAX_NAME_CHARS + 1024
 preload_app = False
 wsgi_app = "smserve.routes.app:create_app()"
 logconfig_dict = logs.config_dict(_settings.log_level, _settings.log_format)

@@ -46,6 +46,11 @@ def check_handshake(req) -> str:
     if req.method != "GET":
         raise HandshakeRefused(HTTPStatus.METHOD_NOT_ALLOWED, f"{req.path} takes a WebSocket handshake (GET), not "
                                f"{req.method}", {"Allow": "GET"})
+    if req.version < (1, 1):
+        # RFC 6455 4.1: the handshake is an HTTP/1.1 (or later) request; HTTP/1.0 has no
+        # Upgrade, and a 1.0 intermediary would pass the 101 on without switching.
+        raise HandshakeRefused(HTTPStatus.BAD_REQUEST, f"a WebSocket handshake must be HTTP/1.1 (RFC 6455 4.1), not "
+                               f"HTTP/{req.version[0]}.{req.version[1]}")
     connection = [token.strip().lower() for token in one("CONNECTION").split(",")]
     # Upgrade is a list of protocols the client could switch to (RFC 9110 7.8): it
     # offers WebSocket if the list holds it (RFC 6455 4.2.1), whatever else it offers.

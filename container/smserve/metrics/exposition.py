@@ -16,13 +16,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from smserve import metrics
 
-
-def collect(accept: str | None) -> tuple[bytes, str]:
+def collect(accept: str | None, registry: CollectorRegistry | None) -> tuple[bytes, str]:
     """(body, Content-Type) as the scraper's Accept asks: OpenMetrics when it names
-    application/openmetrics-text, else Prometheus text 0.0.4."""
-    registry = metrics.registry()
+    application/openmetrics-text, else Prometheus text 0.0.4. registry: the
+    single-process registry (metrics.registry()); None in multiprocess mode."""
     if registry is None:  # multiprocess mode: the files are the truth
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])

@@ -15,18 +15,23 @@ import logging
 import os
 import sys
 
+from smserve.metrics import tally
+
 log = logging.getLogger(__name__)
 
 SAMPLE_INTERVAL_S = 5.0  # a multiple of tally.FLUSH_INTERVAL_S
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _cpu_seen = 0.0  # this process's CPU seconds already counted
+_families = None  # catalog.Catalog: what sample() writes to, from start_sampling
 _sampler = None
 
 
-def start_sampling() -> None:
-    """Sample now and then every SAMPLE_INTERVAL_S, and flush the tallies every
-    tally.FLUSH_INTERVAL_S, in a greenlet of this worker's loop."""
-    global _sampler
+def start_sampling(families) -> None:
+    """Sample into `families` (catalog.Catalog) now and then every SAMPLE_INTERVAL_S,
+    and flush the tallies every tally.FLUSH_INTERVAL_S, in a greenlet of this worker's
+    loop."""
+    global _families, _sampler
+    _families = families
     sample()
     if _sampler is None:
         import gevent
@@ -36,8 +41,6 @@ def start_sampling() -> None:
 
 def _sample_forever() -> None:
     import gevent
-
-    from smserve.metrics import tally
 
     ticks = 0
     while True:
@@ -56,9 +59,7 @@ def sample(torch=None) -> None:
     """Record this process's CPU time, resident memory and (once CUDA is initialised:
     never initialise it here) GPU memory per device. torch: for tests, a stand-in."""
     global _cpu_seen
-    from smserve import metrics
-
-    families = metrics.families()
+    families = _families
     if families is None:
         return
     times = os.times()

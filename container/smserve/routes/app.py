@@ -19,7 +19,7 @@ from smserve.engine.multi_model import MultiModelServer
 from smserve.engine.server import ModelServer, worker_slot_from_env
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.routes import endpoints
-from smserve.routes.table import Request, Route, RouteTable, error_response, log_error
+from smserve.routes.table import Request, Route, RouteTable, error_response, log_error, reason
 from smserve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,24 @@ def create_app(settings: Settings | None = None, server: ModelServer | None = No
                          view_func=_view(table, route, settings), methods=list(route.methods),
                          provide_automatic_options=False)  # the table says what each route takes
     _register_errors(app)
+    app.wsgi_app = _reasons_as_everywhere(app.wsgi_app)
+    return app
+
+
+def _reasons_as_everywhere(wsgi_app):
+    """werkzeug writes a status's reason phrase in capitals (`404 NOT FOUND`); every other
+    answer of this server has http.HTTPStatus's (`404 Not Found`), and so do the app's.
+    A phrase of the app's own (a user's route) is left as it is."""
+
+    def app(environ, start_response):
+        def start(status: str, headers, exc_info=None):
+            code, _, phrase = status.partition(" ")
+            if len(code) == 3 and code.isascii() and code.isdigit() and phrase == reason(int(code)).upper():
+                status = f"{code} {reason(int(code))}"
+            return start_response(status, headers, exc_info)
+
+        return wsgi_app(environ, start)
+
     return app
 
 

@@ -14,7 +14,7 @@ from smserve.engine.server import READY
 from smserve.errors import BadRequest, HTTPError, NotFound
 from smserve.protocols import dispatch
 from smserve.routes.sagemaker import context_of, reply_response, request_body
-from smserve.routes.table import Request, Response, json_response
+from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
 
 SERVER_METADATA = orjson.dumps({"name": "smserve", "version": __version__,
@@ -54,12 +54,18 @@ class KServeRoutes:
 
     def infer(self, request: Request) -> Response:
         with self._model(request) as (server, metadata):
-            body = request_body(server, self.settings, request)
-            header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
-            inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
-            message = dispatch.Message(body, context_of=context_of(request))  # (for its context)
-            reply = dispatch.v2_reply(server, inference, sagemaker=False, message=message)
-            return reply_response(reply, message)
+            inflated = request_body(server, self.settings, request)
+            try:
+                body = inflated.body
+                header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
+                inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
+                message = dispatch.Message(body, context_of=context_of(request))  # (for its context)
+                reply = dispatch.v2_reply(server, inference, sagemaker=False, message=message)
+                answer = reply_response(reply, message)
+            except BaseException:
+                inflated.release()
+                raise
+            return when_answered(answer, inflated.release)
 
     @contextlib.contextmanager
     def _model(self, request: Request) -> Iterator[tuple[object, ModelMetadata]]:

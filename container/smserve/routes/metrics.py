@@ -19,17 +19,17 @@ class MetricsRoutes:
         process.sample()
         # Reading and merging every worker's files costs as much as decoding a large
         # body: a codec thread does it, so /ping never waits behind a scrape.
-        ok, result = self.server.codec_pool.apply(_collect, (request.header("Accept"),))
+        ok, result = self.server.codec_pool.apply(_collect, (request.header("Accept"), metrics.registry()))
         if not ok:
             raise result
         body, content_type = result
         return Response(200, [("Content-Type", content_type)], body)
 
 
-def _collect(accept):
+def _collect(accept, registry):
     # An exception goes back as a value: raised inside the pool, gevent's hub would
     # print its own traceback besides the table's 500.
     try:
-        return True, exposition.collect(accept)
+        return True, exposition.collect(accept, registry)
     except Exception as e:  # noqa: BLE001 - raised again on the event loop's side
         return False, e

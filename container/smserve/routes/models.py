@@ -3,11 +3,13 @@ invoke and unload models; engine/multi_model.py does the work."""
 
 from __future__ import annotations
 
+import re
+
 import orjson
 
 from smserve.errors import BadRequest
 from smserve.routes.sagemaker import invocation
-from smserve.routes.table import Request, Response, json_response
+from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
 
 MODELS = "/models"
@@ -15,6 +17,8 @@ MODELS = "/models"
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
+# A page's numbers: ASCII digits, and no more than a page or a token can need.
+_DIGITS = re.compile(r"[0-9]{1,9}")
 
 
 class ModelRoutes:
@@ -35,10 +39,14 @@ class ModelRoutes:
 
     def list(self, request: Request) -> Response:
         query = _query(request.query)
-        limit = query.get("limit", str(DEFAULT_PAGE))
-        if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
+        limit = _number(query.get("limit", str(DEFAULT_PAGE)))
+        if limit is None or not 1 <= limit <= MAX_PAGE:
             raise BadRequest(f"limit must be a whole number from 1 to {MAX_PAGE}")
-        return json_response(orjson.dumps(self.models.list(int(limit), query.get("next_page_token"))))
+        token = query.get("next_page_token") or "0"
+        start = _number(token)
+        if start is None:
+            raise BadRequest(f"invalid next_page_token {token[:40]!r}: send the nextPageToken of the page before")
+        return json_response(orjson.dumps(self.models.list(limit, start)))
 
     def describe(self, request: Request) -> Response:
         return json_response(orjson.dumps(self.models.describe(request.params["name"])))
@@ -53,25 +61,23 @@ class ModelRoutes:
         answer has left, streamed answers included: an unload waits for it."""
         local = self.models.model(request.params["name"])
         local.inflight += 1
+
+        def done() -> None:
+            local.inflight -= 1
+
         try:
             answer = invocation(local.server, self.settings, request)
         except BaseException:
-            local.inflight -= 1
+            done()
             raise
-        if answer.streamed:
-            answer.body = _released(answer.body, local)
-        else:
-            local.inflight -= 1
-        return answer
+        return when_answered(answer, done)
 
 
-def _released(chunks, local):
-    try:
-        yield from chunks
-    finally:
-        local.inflight -= 1
-        if hasattr(chunks, "close"):
-            chunks.close()
+def _number(text: str) -> int | None:
+    """A whole number in ASCII digits, else None. str.isdigit() takes '²' (which int()
+    then refuses) and other scripts' digits (which int() reads), and int() refuses more
+    than 4,300 digits: neither is a number a page takes."""
+    return int(text) if _DIGITS.fullmatch(text) else None
 
 
 def _query(query: str) -> dict[str, str]:

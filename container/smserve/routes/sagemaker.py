@@ -8,7 +8,7 @@ from smserve.codecs import contentcoding
 from smserve.core.context import CUSTOM_ATTRIBUTES, RequestContext, response_custom_attributes
 from smserve.errors import NotFound
 from smserve.protocols import dispatch
-from smserve.routes.table import Request, Response, json_response
+from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
 
 PING = "/ping"
@@ -45,9 +45,14 @@ def invocation(server, settings: Settings, request: Request) -> Response:
     """An inference: the protocol is chosen by the protocol table; a route only moves the
     request in and the reply out."""
     body = request_body(server, settings, request)
-    message = dispatch.Message.from_http(body, request.header, context_of(request))
-    reply = dispatch.answer(message, server, settings)
-    return reply_response(reply, message)
+    try:
+        message = dispatch.Message.from_http(body.body, request.header, context_of(request))
+        reply = dispatch.answer(message, server, settings)
+        answer = reply_response(reply, message)
+    except BaseException:
+        body.release()
+        raise
+    return when_answered(answer, body.release)
 
 
 def context_of(request: Request):
@@ -68,10 +73,9 @@ def reply_response(reply, message) -> Response:
     return Response(200, headers, reply.body)
 
 
-def request_body(server, settings: Settings, request: Request) -> bytes:
-    """The body as the protocols read it: a gzip or deflate body inflated (within the
-    payload limit), any other body as it came."""
-    coding = request.header("Content-Encoding")
-    if not coding:
-        return request.body
-    return contentcoding.decode(request.body, coding, settings.max_body_bytes, settings.body_limit_setting, server)
+def request_body(server, settings: Settings, request: Request) -> contentcoding.Inflated:
+    """The body as the protocols read it (its `body`): a gzip or deflate body inflated
+    (within the payload limit), any other body as it came. Release it once the request
+    is done: an inflated body holds room among the worker's until then."""
+    return contentcoding.decode(request.body, request.header("Content-Encoding"), settings.max_body_bytes,
+                                settings.body_limit_setting, server)

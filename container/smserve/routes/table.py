@@ -63,6 +63,49 @@ def json_response(body: bytes, status: int = 200, headers: list[tuple[str, str]]
     return Response(status, [("Content-Type", JSON), *(headers or ())], body)
 
 
+def when_answered(answer: Response, done: Callable[[], None]) -> Response:
+    """The answer, with done() called once it is made: at once for a body in hand; for
+    a streamed one once its chunks end, fail, or are closed unread (a client gone before
+    the first one). What a request holds until then, a stream's generator may use."""
+    if not answer.streamed:
+        done()
+        return answer
+    answer.body = _ThenDone(answer.body, done)
+    return answer
+
+
+class _ThenDone:
+    """Chunks that call done() once, at their end. A generator's own `finally` would run
+    only if it had started: a stream closed before its first chunk would never call it."""
+
+    __slots__ = ("_chunks", "_done")
+
+    def __init__(self, chunks: Iterable[bytes], done: Callable[[], None]):
+        self._chunks = iter(chunks)
+        self._done = done
+
+    def __iter__(self) -> "_ThenDone":
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._chunks)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        done, self._done = self._done, None
+        if done is None:
+            return
+        try:
+            close = getattr(self._chunks, "close", None)
+            if close is not None:
+                close()
+        finally:
+            done()
+
+
 def error_response(e: HTTPError) -> Response:
     return json_response(json_error_body(e.message), e.status, list(e.headers.items()))
 
