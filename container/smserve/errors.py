@@ -46,6 +46,12 @@ class UnsupportedMediaType(HTTPError):
     status = 415
 
 
+class TooManyRequests(HTTPError):
+    """A bound on what the client may hold is reached (a worker's open sessions)."""
+
+    status = 429
+
+
 class ServerError(HTTPError):
     """The model or the server failed: not the client's fault."""
 

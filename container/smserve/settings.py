@@ -82,8 +82,12 @@ class Settings:
     # (None: body_timeout) is cut off, so it cannot pin the answer's memory.
     send_timeout: float | None = None
     max_connections: int = 4096
-    # WebSocket sessions served by the model's stream_fn, per worker (each holds a thread).
+    # Sessions per worker, of each kind: WebSocket sessions served by the model's
+    # stream_fn (each holds a thread), and stateful sessions (SageMaker's NEW_SESSION).
     max_sessions: int = 64
+    # A stateful session expires this long after it opened (its Expires; use does not
+    # renew it: SageMaker routes by that Expires).
+    session_ttl_s: float = 1200.0
     # Requests whose decode or encode cost grows with the body run on this many
     # codec threads, off the event loop.
     codec_threads: int = 2
@@ -280,6 +284,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "send_timeout": (PREFIX + "SEND_TIMEOUT", _seconds),
     "max_connections": (PREFIX + "MAX_CONNECTIONS", _positive_int),
     "max_sessions": (PREFIX + "MAX_SESSIONS", _positive_int),
+    "session_ttl_s": (PREFIX + "SESSION_TTL_S", _seconds),
     "codec_threads": (PREFIX + "CODEC_THREADS", _positive_int),
     "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),
     "device": (PREFIX + "DEVICE", _device),

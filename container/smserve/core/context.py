@@ -58,11 +58,13 @@ class Headers(Mapping):
 class RequestContext:
     """One request's context. Read: `custom_attributes`, `inference_id`, `target_model`
     (each None when the request did not carry it), `headers`, `path`, `query_string`
-    and `query` (parsed, a dict of str), `device` (the model's torch.device). Write:
-    `response_custom_attributes`, sent back as X-Amzn-SageMaker-Custom-Attributes
-    (SageMaker's `CustomAttributes`)."""
+    and `query` (parsed, a dict of str), `device` (the model's torch.device),
+    `session_id` and `close_reason` (a stateful session's). Read and write: `session`
+    (a stateful session's state); `response_custom_attributes`, sent back as
+    X-Amzn-SageMaker-Custom-Attributes (SageMaker's `CustomAttributes`)."""
 
-    __slots__ = ("headers", "path", "query_string", "_target_model", "_query", "response_custom_attributes", "device")
+    __slots__ = ("headers", "path", "query_string", "_target_model", "_query", "response_custom_attributes", "device",
+                 "session", "session_id", "close_reason")
 
     def __init__(self, headers: Mapping[str, str], path: str = "", query_string: str = "",
                  target_model: str | None = None):
@@ -77,6 +79,11 @@ class RequestContext:
         # The model's torch.device (the worker's GPU, or the CPU), set by the server
         # before the hooks run: where a hook puts tensors of its own.
         self.device = None
+        # A stateful session's (engine/sessions.py): its state (the hooks may change it,
+        # or set another), its ID, and in close_session why it ends.
+        self.session = None
+        self.session_id: str | None = None
+        self.close_reason: str | None = None
 
     @property
     def custom_attributes(self) -> str | None:

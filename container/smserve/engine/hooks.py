@@ -31,7 +31,7 @@ from typing import Callable
 
 from smserve.errors import BadRequest, HTTPError, ServerError
 
-HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "stream_fn")
+HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "stream_fn", "open_session", "close_session")
 # The hooks that may take the request's context as a last parameter of this name.
 CONTEXT = "context"
 CODE_DIR = "code"
@@ -57,6 +57,10 @@ class Hooks:
     predict_fn: Callable | None = None
     output_fn: Callable | None = None
     stream_fn: Callable | None = None
+    # Stateful sessions (engine/sessions.py): open_session(context) -> the state;
+    # close_session(state, context) lets it go.
+    open_session: Callable | None = None
+    close_session: Callable | None = None
     # Whether predict_fn answers with an iterator to stream. What it returns decides, not
     # how it is written (`return model.generate(data)` streams as `yield` does): known at
     # load for a generator function, else learnt from its first iterator.
@@ -82,6 +86,11 @@ class Hooks:
     @property
     def wants_context(self) -> bool:
         return self.input_context or self.predict_context or self.output_context
+
+    @property
+    def keeps_sessions(self) -> bool:
+        """The model opens stateful sessions (SageMaker's NEW_SESSION)."""
+        return self.open_session is not None
 
     def output_with(self, context_of):
         """output_fn as (prediction, accept) -> answer, given the request's context when
@@ -224,6 +233,9 @@ def load_hooks(model_dir: str) -> Hooks:
     # Which of the user's hooks replace a built-in step, said once at start: a typo'd
     # name (predict instead of predict_fn) shows here as a hook missing.
     hooks = Hooks(**found)
+    if hooks.close_session is not None and hooks.open_session is None:
+        log.warning("code/%s defines close_session but no open_session: the model keeps no sessions, and "
+                    "close_session is never called", SCRIPT)
     with_context = [name for name in ("input_fn", "predict_fn", "output_fn")
                     if getattr(hooks, name.replace("_fn", "_context"))]
     log.info("hooks: %s from %s/%s%s", ", ".join(found) or f"none (it defines none of {', '.join(HOOK_NAMES)})",

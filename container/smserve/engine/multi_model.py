@@ -37,6 +37,7 @@ from smserve.engine import memory, readiness
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT
 from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
 from smserve.engine.server import FAILED, ModelServer
+from smserve.engine.sessions import SessionTable
 from smserve.errors import BadRequest, Conflict, InsufficientStorage, NotFound, Unavailable
 from smserve.settings import Settings
 
@@ -74,6 +75,8 @@ class MultiModelServer:
         self.state_dir = state_dir
         self.shared = SharedRegistry(os.path.join(state_dir or tempfile.mkdtemp(prefix="smserve-"), "models"))
         self.pools = (ThreadPool(settings.codec_threads), ThreadPool(settings.max_sessions + 4))
+        # Stateful sessions, each of one model: one table, and one bound, for the worker.
+        self.sessions = SessionTable(settings, worker_index)
         self.codec_pool = self.pools[0]
         self.models: dict[str, _Local] = {}
         self._load_lock = Semaphore()  # one load at a time, so each footprint is its own
@@ -119,6 +122,10 @@ class MultiModelServer:
             raise Unavailable(f"worker(s) {', '.join(map(str, starting))} of {self.workers} still starting")
 
     execution_parameters = ModelServer.execution_parameters
+
+    def close_sessions(self) -> None:
+        """SIGTERM, after the requests in flight: every model's sessions through its hook."""
+        self.sessions.close_all()
 
     def _follow(self) -> None:
         import gc
@@ -191,7 +198,7 @@ class MultiModelServer:
             if current is None or current.generation != entry.generation or current.state == UNLOADING:
                 return  # withdrawn while it waited for its turn
             before, gpu_before = memory.rss_bytes(), memory.gpu_allocated()
-            server = ModelServer(self.settings, self.worker_index, self.workers, model_dir=entry.url,
+            server = ModelServer(self.settings, self.worker_index, self.workers, model_dir=entry.url, sessions=self.sessions,
                                  name=entry.name, pools=self.pools)
             started = time.monotonic()
             server.load()
@@ -217,6 +224,7 @@ class MultiModelServer:
             gevent.sleep(FOLLOW_S)  # requests already running on it finish first
         self.models.pop(local.entry.name, None)
         generated = _generated_code(local.server.model.model) if local.server.model is not None else set()
+        self.sessions.close_model(local.server)  # through its close_session, while it is loaded
         local.server.close()
         local.server = None
         _clear_torch_caches(generated)

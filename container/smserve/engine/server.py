@@ -18,7 +18,10 @@ from smserve import metrics
 from smserve.engine import hardware, readiness
 from smserve.engine.artifacts import ModelLoadError
 from smserve.engine.hook_chain import HookChain
+from smserve.engine.hooks import hook_error
+from smserve.engine.sessions import SessionTable
 from smserve.errors import HTTPError, ServerError, Unavailable
+from smserve.core.context import RequestContext
 from smserve.core.metadata import ModelMetadata
 from smserve.engine.runner import Runner
 from smserve.settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
@@ -33,10 +36,11 @@ OFFLOAD_BYTES = 256 * 1024
 class ModelServer:
     def __init__(self, settings: Settings, worker_index: int = 0, workers: int | None = None,
                  state_dir: str | None = None, model_dir: str | None = None, name: str | None = None,
-                 pools: tuple[ThreadPool, ThreadPool] | None = None):
-        """model_dir, name, pools: one model of a multi-model endpoint (engine/multi_model.py),
-        which is loaded from its own folder, named by SageMaker, and shares the worker's
-        codec and session threads with the other models."""
+                 pools: tuple[ThreadPool, ThreadPool] | None = None, sessions: SessionTable | None = None):
+        """model_dir, name, pools, sessions: one model of a multi-model endpoint
+        (engine/multi_model.py), which is loaded from its own folder, named by SageMaker,
+        and shares the worker's codec and session threads and its stateful sessions with
+        the other models."""
         self.settings = settings
         self.model_dir = model_dir or settings.model_dir
         self.name = name
@@ -50,6 +54,8 @@ class ModelServer:
         self.codec_pool, self.session_pool = pools or (ThreadPool(settings.codec_threads),
                                                        ThreadPool(settings.max_sessions + 4))
         self.stream_sessions = 0
+        # Stateful sessions (SageMaker's NEW_SESSION): the worker's, whatever its models.
+        self.sessions = sessions if sessions is not None else SessionTable(settings, worker_index)
         self.hook_chain = HookChain(self)
         self.status = LOADING
         self.error: str | None = None
@@ -195,6 +201,43 @@ class ModelServer:
 
     def close_stream_session(self) -> None:
         self.stream_sessions -= 1
+
+    # ------------------------------------------------------------ stateful sessions
+
+    def open_session(self, context):
+        """The model's open_session(context): a new session's state, on the inference
+        thread (it may put tensors on the device)."""
+        hook = self.model.hooks.open_session
+
+        def run():
+            try:
+                return hook(context)
+            except Exception as e:  # noqa: BLE001 - answered, naming the hook
+                raise hook_error("open_session", e, client_fault=False) from e
+
+        return self.runner.call(run)
+
+    def close_session(self, state, context, session_id: str, how: str) -> None:
+        """The model's close_session(state, context), if it has one, on the inference
+        thread; context.close_reason says why (closed, expired, unloaded, shutdown)."""
+        hook = self.model.hooks.close_session if self.model is not None else None
+        if hook is None:
+            return
+        context = context if context is not None else RequestContext({})  # (at expiry: no request)
+        context.session, context.session_id, context.close_reason = state, session_id, how
+        context.device = self.model.device
+
+        def run():
+            try:
+                hook(state, context)
+            except Exception as e:  # noqa: BLE001
+                raise hook_error("close_session", e, client_fault=False) from e
+
+        self.runner.call(run)
+
+    def close_sessions(self) -> None:
+        """SIGTERM, after the requests in flight: every session closed through its hook."""
+        self.sessions.close_all()
 
     def codec(self, size: int, fn, *args):
         """Run a decode or encode: inline when it is small (a thread hop costs more than

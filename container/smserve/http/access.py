@@ -17,12 +17,16 @@ import time
 from typing import Callable
 
 from smserve import metrics
+from smserve.core import session_ids
 
 log = logging.getLogger("smserve.access")
 
 # Headers SageMaker and AWS load balancers use to identify a request.
 REQUEST_ID_KEYS = ("HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID", "HTTP_X_AMZN_TRACE_ID",
                    "HTTP_X_REQUEST_ID")
+# The stateful session a request is in (NEW_SESSION, or its ID).
+SESSION_KEY = "HTTP_" + session_ids.SESSION_ID.upper().replace("-", "_")
+_NEW_SESSION_HEADER = session_ids.NEW_SESSION_ID.lower()
 # The id a caller gave InvokeEndpoint (InferenceId), else SageMaker's own request id.
 INFERENCE_ID_KEYS = ("HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID", "HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_TRACE_ID",
                      "HTTP_X_REQUEST_ID")
@@ -31,6 +35,20 @@ MAX_ID_CHARS = 256
 # What a request that no route took is counted as: never its raw path, which a
 # caller chooses, so the metrics' series stay bounded.
 UNMATCHED = "unmatched"
+
+
+class Answered:
+    """What the access line says of a request: filled in as the answer takes shape."""
+
+    __slots__ = ("status", "sent", "quiet", "environ", "route", "session")
+
+    def __init__(self):
+        self.status = 0
+        self.sent = 0
+        self.quiet = False  # a health check: a success is logged at DEBUG
+        self.environ = None  # the WSGI environ, when the app answered
+        self.route = None  # the matched route's pattern: the metrics' bounded label, never the raw path
+        self.session = None  # the stateful session the answer opened (a NEW_SESSION request's new ID)
 
 
 def peer(addr) -> str:
@@ -46,16 +64,25 @@ def request_environ(req, addr) -> dict:
     environ = {"REQUEST_METHOD": req.method, "PATH_INFO": req.path, "REMOTE_ADDR": peer(addr)}
     for name, value in req.headers:
         key = "HTTP_" + name.replace("-", "_")
-        if key in REQUEST_ID_KEYS:
+        if key in REQUEST_ID_KEYS or key == SESSION_KEY:
             environ[key] = value
     return environ
 
 
+def opened_session(headers) -> str | None:
+    """The ID a NEW_SESSION request's answer opened (its New-Session-Id header), else None."""
+    for name, value in headers:
+        if name.lower() == _NEW_SESSION_HEADER:
+            return value.split(";", 1)[0]
+    return None
+
+
 def log_request(environ: dict | Callable[[], dict], status: int, sent: int, started: float, quiet: bool = False,
-                route: str | None = None) -> None:
+                route: str | None = None, session: str | None = None) -> None:
     """quiet: a health check's route, whose success SageMaker asks for every few seconds.
     route: the pattern of the route that answered (None: none did; the Flask app's
-    own rule, if it has one, then names it)."""
+    own rule, if it has one, then names it). session: the stateful session the answer
+    opened (else the request's own session header says which it was in)."""
     seconds = time.monotonic() - started
     if route is None:
         environ = _made(environ)
@@ -84,8 +111,14 @@ def log_request(environ: dict | Callable[[], dict], status: int, sent: int, star
     request_id = _first(environ, REQUEST_ID_KEYS)
     if request_id is not None:
         fields["request_id"] = request_id
-    log.log(level, '%s "%s %s" %d %d %.1fms id=%s', fields["remote"], _quotable(method), _quotable(path), status,
-            sent, latency_ms, _token(inference_id), extra={"fields": fields})
+    session = session or _first(environ, (SESSION_KEY,))
+    if session is None:
+        log.log(level, '%s "%s %s" %d %d %.1fms id=%s', fields["remote"], _quotable(method), _quotable(path), status,
+                sent, latency_ms, _token(inference_id), extra={"fields": fields})
+        return
+    fields["session_id"] = session
+    log.log(level, '%s "%s %s" %d %d %.1fms id=%s session=%s', fields["remote"], _quotable(method), _quotable(path),
+            status, sent, latency_ms, _token(inference_id), _token(session), extra={"fields": fields})
 
 
 def _made(environ):

@@ -151,6 +151,21 @@ def sweep_idle(connections: dict) -> None:
                 log.exception("ending an idle connection failed")
 
 
+def make_room(connections: dict, cap: int) -> None:
+    """At the connection cap, end the connection that has waited longest for request
+    bytes: idle between requests, or stalled in the middle of a request's head. One
+    whose bytes have arrived, one reading a body or being answered, and a WebSocket
+    session are never ended."""
+    if len(connections) < cap:
+        return
+    waiting = sorted((c for c in connections.values() if c.parked is not None and not c.ending),
+                     key=lambda c: c.waiting_since)
+    for conn in waiting:
+        if not bytes_waiting(conn.sock):
+            conn.end_wait()
+            return
+
+
 def bytes_waiting(sock) -> bool:
     """Whether the socket holds unread bytes (or an end of file): a non-blocking check,
     on the raw descriptor, so gevent never parks the caller."""

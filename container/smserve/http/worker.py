@@ -21,14 +21,17 @@ gunicorn's parser, WSGI environ and response writer and owns the connection loop
 - A chunked body holds at most MAX_CHUNKS chunks. After an error answer the connection
   lingers, reading what the client still sends, so that it reads the answer.
 - SIGTERM: stop accepting, serve every request whose bytes already reached the
-  server (on any connection, pipelined ones included; the accept backlog too), close
-  connections with no request byte waiting at once, exit when the last answer is out.
+  server (on any connection, pipelined ones included; the accept backlog and siblings'
+  hand-overs too), close connections with no request byte waiting at once, close the
+  stateful sessions once the last answer is out, exit.
 - After the first full start, a (re)started worker accepts connections only once its
   model is loaded, so it never answers 503 while the other workers serve.
 - A request for /invocations-bidirectional-stream hands its connection to a WebSocket
   session (websocket.py); at SIGTERM sessions answer what they hold, then close 1001.
 - An answer's bytes must keep leaving within SMSERVE_SEND_TIMEOUT: a client that stops
   reading is cut off rather than pinning the answer's memory.
+- A request of a stateful session another worker holds moves there with its connection
+  (handoff.py).
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ from gunicorn.http import wsgi
 from gunicorn.workers import base
 
 from smserve.http import access
+from smserve.http.handoff import Handoff, session_owner
 from smserve.http.head import PlainHeadParser
 from smserve.http.body import ClientError, asks_to_close, check_head, joined_headers, parse_error, read_body
 from smserve.http.connection import (Close, Connection, RequestSource, SettledConfig, buffered, bytes_waiting,
-                                     connection_cap, sweep_idle)
+                                     connection_cap, make_room, sweep_idle)
 from smserve.http.sending import SMALL_ANSWER, Sender, SendTimeout, answer_head, reset_on_close, send_error
 from smserve.routes.table import Request, RouteTable, reason
 from smserve.http import websocket
@@ -77,6 +81,9 @@ class GeventModelWorker(base.Worker):
         # the drain must wait for them too, or a request accepted just before SIGTERM
         # is reset when the worker exits.
         self.starting: set = set()
+        # Connections moved between workers for stateful sessions; None with one worker.
+        self.handoff: Handoff | None = None
+        self.index = 0
 
     # ------------------------------------------------------------ process set-up
 
@@ -140,6 +147,12 @@ class GeventModelWorker(base.Worker):
 
     def run(self):
         self.listener_names = {listener: listener.getsockname() for listener in self.sockets}
+        self.index = self.model_server.worker_index
+        if self.cfg.workers > 1 and self.model_server.state_dir:
+            # Before the model loads: a sibling may hand over a request of a session it
+            # thinks is here (this worker's predecessor's), to be refused with a 400 here.
+            self.handoff = Handoff(self.model_server.state_dir, self.index)
+            self.handoff.listen(self._take_over)
         if self.model_server.defers_accepting():
             self._wait_for_model()
         for listener in self.sockets if self.alive else ():  # (SIGTERM while the model loaded: accept nothing)
@@ -155,6 +168,9 @@ class GeventModelWorker(base.Worker):
             self._stopping.wait(1.0)
         sweep.kill(block=False)
         self._drain()
+        if self.handoff is not None:
+            self.handoff.close()
+        self.model_server.close_sessions()  # every request answered: through the model's hook
         # Every answer is out and every connection closed. Python's own finalisation
         # (torch, thread pools) would keep the worker, and so the container's stop,
         # waiting seconds more for nothing.
@@ -238,28 +254,18 @@ class GeventModelWorker(base.Worker):
 
         return handle
 
-    def _admit(self) -> None:
-        """At the connection cap, end the connection that has waited longest for request
-        bytes: idle between requests, or stalled in the middle of a request's head. One
-        whose bytes have arrived, one reading a body or being answered, and a WebSocket
-        session are never ended."""
-        if len(self.connections) < self.max_connections:
-            return
-        waiting = sorted((c for c in self.connections.values() if c.parked is not None and not c.ending),
-                         key=lambda c: c.waiting_since)
-        for conn in waiting:
-            if not bytes_waiting(conn.sock):
-                conn.end_wait()
-                return
+    def _take_over(self, client, addr, ahead: bytes) -> None:
+        """A connection a sibling handed over (handoff.py), with what it had read."""
+        self._spawn(self.handle, self.sockets[0], client, addr, ahead)
 
-    def handle(self, listener, client, addr):
-        self._admit()
+    def handle(self, listener, client, addr, ahead: bytes = b""):
+        make_room(self.connections, self.max_connections)
         conn = Connection(client)
         self.connections[client] = conn
         self.starting.discard(conn.greenlet)
         try:
             client.setblocking(1)
-            self._serve_connection(listener, conn, addr)
+            self._serve_connection(listener, conn, addr, ahead)
         except (Close, gevent.GreenletExit):
             pass
         except OSError as e:
@@ -273,9 +279,11 @@ class GeventModelWorker(base.Worker):
             except OSError:
                 pass
 
-    def _serve_connection(self, listener, conn: Connection, addr) -> None:
+    def _serve_connection(self, listener, conn: Connection, addr, ahead: bytes = b"") -> None:
         sock = conn.sock
         parser = PlainHeadParser(self.parser_cfg, RequestSource(conn), addr)
+        if ahead:
+            parser.unreader.unread(ahead)  # a handed-over request, read by a sibling
         # Not listener.getsockname(): at SIGTERM the listener closes while the
         # connections it accepted are still served.
         listener_name = self.listener_names[listener]
@@ -319,6 +327,15 @@ class GeventModelWorker(base.Worker):
         started = time.monotonic()
         if req.version > (1, 1):
             req.version = (1, 1)  # a later HTTP/1.x is answered in the version we speak
+        if self.handoff is not None:
+            owner = session_owner(req)
+            if owner is not None and owner != self.index:
+                # A session another worker holds: the connection goes there.
+                refusal = self.handoff.hand_off(owner, req, sock, addr, parser.unreader.take_buffered())
+                if refusal is not None:
+                    self.send_error(sock, 400, refusal)
+                    access.log_request(access.request_environ(req, addr), 400, 0, started)
+                return False
         if req.path == websocket.PATH or (req.method == "GET" and websocket.offers_websocket(req)
                                           and not self.settings.multi_model and not self.routes.has_path(req.path)):
             # SageMaker's path, or a handshake (a GET: a POST /invocations is never looked
@@ -326,12 +343,12 @@ class GeventModelWorker(base.Worker):
             # header is still /ping. Sessions are for single-model endpoints (SageMaker's
             # bidirectional streams take no TargetModel).
             return self._open_session(req, sock, addr, parser, started)
-        answered = _Answered()
+        answered = access.Answered()
         try:
             return self._serve_request(listener_name, req, sock, addr, parser, answered)
         finally:
             access.log_request(answered.environ or (lambda: access.request_environ(req, addr)), answered.status,
-                               answered.sent, started, answered.quiet, answered.route)
+                               answered.sent, started, answered.quiet, answered.route, answered.session)
 
     def _open_session(self, req, sock, addr, parser, started) -> bool:
         if len(self.connections) > self.max_connections:
@@ -347,7 +364,7 @@ class GeventModelWorker(base.Worker):
         websocket.serve(self, sock, sender, req, parser.unreader.take_buffered(), addr)
         return False
 
-    def _send_answer(self, req, sock, sender: Sender, parser, answer, close: bool, answered: "_Answered") -> bool:
+    def _send_answer(self, req, sock, sender: Sender, parser, answer, close: bool, answered: "access.Answered") -> bool:
         """A route's answer whose body is in hand: head and body in one send when it is
         small. True when the connection may carry another request."""
         payload = answer.body
@@ -396,7 +413,7 @@ class GeventModelWorker(base.Worker):
         goes on only while requests are already waiting."""
         return self.alive or buffered(parser) or bytes_waiting(sock)
 
-    def _serve_request(self, listener_name, req, sock, addr, parser, answered: "_Answered") -> bool:
+    def _serve_request(self, listener_name, req, sock, addr, parser, answered: "access.Answered") -> bool:
         sender = Sender(sock, self.settings.send_deadline)
         try:
             # Before any 100 Continue: a body that will be refused is not invited.
@@ -429,6 +446,7 @@ class GeventModelWorker(base.Worker):
             answer = self.routes.dispatch(route, Request(req.method, req.path, joined_headers(req), body, params,
                                                          req.query))
             answered.quiet = route.quiet
+            answered.session = access.opened_session(answer.headers)
             if not answer.streamed:
                 return self._send_answer(req, sock, sender, parser, answer, last or req.should_close(), answered)
             resp = wsgi.Response(req, sender, self.cfg)
@@ -466,19 +484,6 @@ class GeventModelWorker(base.Worker):
                 respiter.close()
             answered.status, answered.sent = resp.status_code or 0, resp.sent
         return not resp.should_close() and self._goes_on(parser, sock)
-
-
-class _Answered:
-    """What the access line says of a request: filled in as the answer takes shape."""
-
-    __slots__ = ("status", "sent", "quiet", "environ", "route")
-
-    def __init__(self):
-        self.status = 0
-        self.sent = 0
-        self.quiet = False  # a health check: a success is logged at DEBUG
-        self.environ = None  # the WSGI environ, when the app answered
-        self.route = None  # the matched route's pattern: the metrics' bounded label, never the raw path
 
 
 def _wsgi_request(req, sender, addr, listener_name, cfg):

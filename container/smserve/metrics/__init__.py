@@ -9,9 +9,11 @@ none of them imports this face back.
 from __future__ import annotations
 
 from smserve.metrics.recording import (ModelStats, enable, enabled, families, forget_model, model, registry,  # noqa: F401
-                                       request, stream_chunk, stream_started, websocket_message,
-                                       websocket_session)
+                                       request, session_handoff, session_state, stateful_session, stream_chunk,
+                                       stream_started,
+                                       websocket_message, websocket_session)
 from smserve.metrics.tally import flush  # noqa: F401 - for the scrape
 
 __all__ = ["ModelStats", "enable", "enabled", "families", "flush", "forget_model", "model", "registry", "request",
-           "stream_chunk", "stream_started", "websocket_message", "websocket_session"]
+           "session_handoff", "session_state", "stateful_session", "stream_chunk", "stream_started", "websocket_message",
+           "websocket_session"]

@@ -52,6 +52,16 @@ class Catalog:
         self.streams = Counter("smserve_streamed_responses", "Streamed answers (a predict_fn that yields), "
                                "HTTP chunked or over a WebSocket", **r)
         self.chunks = Counter("smserve_stream_chunks", "Chunks (items) sent by streamed answers", **r)
+        self.stateful_sessions_open = Gauge("smserve_sessions_open", "Stateful sessions (SageMaker's SessionId) "
+                                            "open now, every worker", multiprocess_mode="livesum", **r)
+        self.stateful_sessions = Counter("smserve_sessions", "Stateful sessions by what happened to them: opened, "
+                                         "closed (by the client), expired, unloaded (with their model), shutdown",
+                                         ("how",), **r)
+        self.handoffs = Counter("smserve_session_handoffs", "Connections handed to the worker that holds their "
+                                "request's stateful session", **r)
+        self.session_state = Gauge("smserve_session_state_bytes", "Memory the open sessions' state holds where it "
+                                   "can be told (tensors, arrays, bytes, strings and their containers), every worker",
+                                   multiprocess_mode="livesum", **r)
         self.cpu = Counter("smserve_process_cpu_seconds", "CPU time (user + system) of the worker processes, "
                            "the workers that exited included", **r)
         self.memory = Gauge("smserve_process_resident_memory_bytes", "Resident memory of the live worker "

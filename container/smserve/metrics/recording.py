@@ -184,6 +184,33 @@ def websocket_session(opened: bool) -> None:
         _families.sessions_open.dec()
 
 
+_session_counts: dict = {}  # how -> Count
+
+
+def stateful_session(how: str, open_now: int, state_bytes: int) -> None:
+    """A stateful session opened, or ended (how: closed, expired, unloaded, shutdown);
+    open_now and state_bytes: this worker's, after it. Rare: the gauges are written at once."""
+    if _families is None:
+        return
+    count = _session_counts.get(how)
+    if count is None:
+        count = _session_counts[how] = Count(_families.stateful_sessions.labels(how))
+    count.inc()
+    _families.stateful_sessions_open.set(open_now)
+    _families.session_state.set(state_bytes)
+
+
+def session_handoff() -> None:
+    if _families is not None:
+        _count("handoffs")
+
+
+def session_state(state_bytes: int) -> None:
+    """The open sessions' state after a request changed one: this worker's bytes."""
+    if _families is not None:
+        _families.session_state.set(state_bytes)
+
+
 def websocket_message() -> None:
     if _families is not None:
         _count("messages")

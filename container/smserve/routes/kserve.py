@@ -9,10 +9,12 @@ import orjson
 
 from smserve import __version__
 from smserve.codecs import v2
+from smserve.core import session_ids
 from smserve.core.metadata import ModelMetadata
 from smserve.engine.server import READY
 from smserve.errors import BadRequest, HTTPError, NotFound
 from smserve.protocols import dispatch
+from smserve.routes import sessions
 from smserve.routes.sagemaker import context_of, reply_response, request_body
 from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
@@ -53,6 +55,10 @@ class KServeRoutes:
             return Response(200)
 
     def infer(self, request: Request) -> Response:
+        if sessions.in_session(request):
+            # Never served without its state: SageMaker's sessions are InvokeEndpoint's.
+            raise BadRequest(f"{session_ids.SESSION_ID}: stateful sessions are served on /invocations (and "
+                             "/models/<name>/invoke), not on /v2")
         with self._model(request) as (server, metadata):
             inflated = request_body(server, self.settings, request)
             try:

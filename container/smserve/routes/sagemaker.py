@@ -8,6 +8,7 @@ from smserve.codecs import contentcoding
 from smserve.core.context import CUSTOM_ATTRIBUTES, RequestContext, response_custom_attributes
 from smserve.errors import NotFound
 from smserve.protocols import dispatch
+from smserve.routes import sessions
 from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
 
@@ -47,8 +48,11 @@ def invocation(server, settings: Settings, request: Request) -> Response:
     body = request_body(server, settings, request)
     try:
         message = dispatch.Message.from_http(body.body, request.header, context_of(request))
-        reply = dispatch.answer(message, server, settings)
-        answer = reply_response(reply, message)
+        if sessions.in_session(request):
+            answer = sessions.answer(server, request, message, lambda m: dispatch.answer(m, server, settings),
+                                     reply_response)
+        else:
+            answer = reply_response(dispatch.answer(message, server, settings), message)
     except BaseException:
         body.release()
         raise

@@ -1,0 +1,235 @@
+"""One worker's stateful sessions: their state, expiry and bounds, opened and closed
+through the model's own hooks.
+
+A model keeps sessions when its code/inference.py defines `open_session(context)`,
+whose return value is the session's state: any object the hooks read and change as
+`context.session` (a chat's history, a KV cache on the GPU, an uploaded document).
+`close_session(state, context)`, if defined, lets it go: when the client closes the
+session, when it expires, when its model is unloaded, and at SIGTERM once the requests
+in flight have finished.
+
+- A session lives in the worker that opened it (every request of it is handed to that
+  worker: http/handoff.py) and belongs to the model it was opened on.
+- Its requests run one at a time, in the order they arrive: a session's state is never
+  read and written by two requests at once, and a request is never served without its
+  state (an expired or closed session's request is a 400 naming the session).
+- It expires SMSERVE_SESSION_TTL_S after it opened, as its New-Session-Id's Expires
+  said; use does not renew it: SageMaker routes by that Expires, and a session kept
+  past it here would be one that no request could reach. A request in flight at the
+  expiry finishes with its state; the session closes after it.
+- A worker holds at most SMSERVE_MAX_SESSIONS of them (429 past it, saying when the
+  next one expires). Their state's memory is counted where it can be (tensors,
+  arrays, bytes, strings, and the containers holding them) for /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import gevent
+from gevent.lock import Semaphore
+
+from smserve import metrics
+from smserve.core import session_ids
+from smserve.errors import BadRequest, HTTPError, TooManyRequests
+
+log = logging.getLogger(__name__)
+
+# How often expired sessions are looked for: a session closes at most this late.
+SWEEP_S = 0.5
+# Counting a state's memory looks at no more than this many objects in it.
+MAX_COUNTED_OBJECTS = 10_000
+OPENED, CLOSED, EXPIRED, UNLOADED, SHUTDOWN = "opened", "closed", "expired", "unloaded", "shutdown"
+
+
+class Session:
+    __slots__ = ("id", "server", "state", "opened_at", "expires_at", "lock", "closed", "state_bytes")
+
+    def __init__(self, session_id: str, server, state, ttl_s: float):
+        self.id = session_id
+        self.server = server  # the model's ModelServer: its hooks open and close the state
+        self.state = state
+        self.opened_at = time.time()
+        self.expires_at = self.opened_at + ttl_s  # wall clock, as Expires says it
+        self.lock = Semaphore()  # one request at a time, first come first served
+        self.closed = False
+        self.state_bytes = 0
+
+    @property
+    def model(self) -> str | None:
+        return self.server.name
+
+    def expired(self, now: float | None = None) -> bool:
+        return (now if now is not None else time.time()) >= self.expires_at
+
+    @property
+    def new_session_header(self) -> str:
+        return session_ids.new_session_header(self.id, self.expires_at)
+
+    @property
+    def expires(self) -> str:
+        """When it expires, as Expires says it (UTC)."""
+        return time.strftime(session_ids.EXPIRES_FORMAT, time.gmtime(self.expires_at))
+
+
+class SessionTable:
+    def __init__(self, settings, worker_index: int):
+        self.ttl_s = settings.session_ttl_s
+        self.max_sessions = settings.max_sessions
+        self.worker_index = worker_index
+        self.start = session_ids.start_token()
+        self._open: dict[str, Session] = {}
+        self._sweeper = None
+        self.state_bytes = 0  # what the open sessions' state holds, as state_size tells it
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def _counted(self, session: Session, state_bytes: int) -> None:
+        self.state_bytes += state_bytes - session.state_bytes
+        session.state_bytes = state_bytes
+
+    # ------------------------------------------------------------ opening and finding
+
+    def open(self, server, context) -> Session:
+        """A new session on server's model, its state from the model's open_session."""
+        hooks = server.model.hooks
+        if not hooks.keeps_sessions:
+            raise BadRequest(f"this model keeps no sessions ({session_ids.SESSION_ID}: {session_ids.NEW_SESSION}): "
+                             "its code/inference.py defines no open_session(context) (docs/model.md#stateful-sessions)")
+        if len(self._open) >= self.max_sessions:
+            soonest = min(s.expires_at for s in self._open.values())
+            wait = max(1, int(soonest - time.time()) + 1)
+            raise TooManyRequests(f"this worker holds its most sessions ({self.max_sessions}, SMSERVE_MAX_SESSIONS): "
+                                  f"close one, or retry once one expires (the next in {wait} s)",
+                                  headers={"Retry-After": str(wait)})
+        session_id = session_ids.new_id(self.worker_index, self.start)
+        context.session_id = session_id
+        state = server.open_session(context)
+        session = Session(session_id, server, state, self.ttl_s)
+        self._counted(session, state_size(state))
+        self._open[session_id] = session
+        metrics.stateful_session(OPENED, len(self._open), self.state_bytes)
+        if self._sweeper is None:
+            self._sweeper = gevent.spawn(self._sweep)
+        log.debug("session %s opened on model %r, expires in %.0f s", session_id, server.name, self.ttl_s)
+        return session
+
+    def find(self, session_id: str, server) -> Session:
+        """The open session of that ID, for a request to server's model; 400 otherwise."""
+        session = self._open.get(session_id)
+        if session is None:
+            theirs = session_ids.parse(session_id)
+            why = ("its worker has started again since, and its state went with the old one"
+                   if theirs is not None and theirs.worker == self.worker_index and theirs.start != self.start
+                   else "unknown, closed or expired")
+            raise BadRequest(f"session {session_id!r} is not open: {why}; open another with "
+                             f"{session_ids.SESSION_ID}: {session_ids.NEW_SESSION}")
+        if session.server is not server:
+            raise BadRequest(f"session {session_id!r} belongs to model {session.model!r}, not {server.name!r}")
+        return session
+
+    def hold(self, session: Session) -> None:
+        """Wait for the session's turn (its earlier requests finish first); 400 if it
+        closed or expired meanwhile. Every hold is followed by one release."""
+        session.lock.acquire()
+        if session.closed or session.expired():
+            session.lock.release()
+            state = "expired" if session.expired() and not session.closed else "closed"
+            raise BadRequest(f"session {session.id!r} is not open: {state}"
+                             + (f" at {session.expires}" if state == "expired" else ""))
+
+    def release(self, session: Session, state=None) -> None:
+        """The request is done with the session: state is what its hooks left as
+        context.session (kept as the session's state)."""
+        if not session.closed:
+            session.state = state
+            self._counted(session, state_size(state))
+            metrics.session_state(self.state_bytes)
+        session.lock.release()
+
+    # ------------------------------------------------------------ closing
+
+    def close(self, session: Session, how: str, context=None, held: bool = False) -> None:
+        """Close it through the model's close_session (on the inference thread), after the
+        requests already in it; held: the caller holds its turn already (and keeps it)."""
+        if not held:
+            session.lock.acquire()
+        try:
+            if session.closed:
+                return
+            session.closed = True
+            self._open.pop(session.id, None)
+            self._counted(session, 0)
+            metrics.stateful_session(how, len(self._open), self.state_bytes)
+            try:
+                session.server.close_session(session.state, context, session.id, how)
+            except HTTPError as e:
+                if how == CLOSED:
+                    raise
+                log.warning("session %s (%s): %s", session.id, how, e.message)
+            finally:
+                session.state = None
+        finally:
+            if not held:
+                session.lock.release()
+
+    def close_model(self, server) -> None:
+        """Every session of a model being unloaded."""
+        for session in [s for s in self._open.values() if s.server is server]:
+            self.close(session, UNLOADED)
+
+    def close_all(self) -> None:
+        """At SIGTERM, once the requests in flight are answered: every session closed
+        through its model's hook."""
+        if self._sweeper is not None:
+            self._sweeper.kill(block=False)
+            self._sweeper = None
+        sessions = list(self._open.values())
+        if sessions:
+            log.info("closing %d session(s) at shutdown", len(sessions))
+        for session in sessions:
+            self.close(session, SHUTDOWN)
+
+    def _sweep(self) -> None:
+        while True:
+            gevent.sleep(SWEEP_S)
+            now = time.time()
+            for session in [s for s in self._open.values() if s.expired(now)]:
+                try:
+                    self.close(session, EXPIRED)
+                except Exception:  # noqa: BLE001 - one session's hook must not stop the others' expiry
+                    log.exception("closing expired session %s failed", session.id)
+
+
+def state_size(state) -> int:
+    """The bytes a session's state holds, where that can be told: tensors (their
+    storage, on whatever device), numpy arrays, bytes and strings, and the lists,
+    tuples, dicts and sets (and objects' __dict__) that hold them; at most
+    MAX_COUNTED_OBJECTS objects are looked at."""
+    seen: set[int] = set()
+    total = 0
+    pending = [state]
+    while pending and len(seen) < MAX_COUNTED_OBJECTS:
+        value = pending.pop()
+        if value is None or id(value) in seen:
+            continue
+        seen.add(id(value))
+        nbytes = getattr(value, "nbytes", None)
+        if isinstance(nbytes, int):  # numpy arrays, and torch tensors (element size x count)
+            total += nbytes
+        elif isinstance(value, (bytes, bytearray, memoryview, str)):
+            total += len(value)
+        elif isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            pending.extend(value)
+        elif hasattr(value, "__dict__"):
+            pending.extend(vars(value).values())
+        elif hasattr(value, "__slots__"):
+            pending.extend(getattr(value, name, None) for name in value.__slots__)
+        else:
+            total += sys.getsizeof(value)
+    return total

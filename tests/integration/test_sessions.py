@@ -1,0 +1,409 @@
+"""Stateful sessions (SageMaker's SessionId) on a real gunicorn of two workers: opened,
+continued and closed through the model's hooks; each request reaches the worker that
+holds its session whichever worker accepts it (its connection is handed over); one
+session's state never reaches another's request; expiry, bounds, SIGTERM, multi-model
+endpoints and bad headers."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from local_test.server_process import ServerProcess
+from tests.helpers.models import model_dir_with
+from tests.helpers.servers import pending_requests, wait_until
+
+SESSION = "X-Amzn-SageMaker-Session-Id"
+NEW_ID = "X-Amzn-SageMaker-New-Session-Id"
+CLOSED_ID = "X-Amzn-SageMaker-Closed-Session-Id"
+ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+TWO = {"SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
+
+# A model of hooks alone that keeps, per session, the client's token (its custom
+# attributes when it opened) and every number its requests sent; input_fn's one-row
+# array is batched across sessions by the server, and output_fn answers with the
+# session's state. close_session writes where and how each session ended.
+SESSION_HOOKS = '''
+import json
+import os
+import time
+
+import numpy as np
+
+ENDED = os.environ["SESSION_ENDED_LOG"]
+
+
+def model_fn(model_dir):
+    return "counter"
+
+
+def open_session(context):
+    if context.custom_attributes == "refuse":
+        raise ValueError("asked to refuse")
+    return {"token": context.custom_attributes, "seen": [], "worker": os.getpid()}
+
+
+def close_session(state, context):
+    with open(ENDED, "a") as f:
+        f.write(json.dumps({"id": context.session_id, "how": context.close_reason, "token": state["token"],
+                            "seen": state["seen"]}) + "\\n")
+
+
+def input_fn(body, content_type, context):
+    data = json.loads(body)
+    if "n" not in data:
+        raise ValueError("no n")
+    if context.session is not None:
+        context.session["seen"].append(data["n"])
+    time.sleep(float(data.get("sleep", 0)))
+    return np.array([[data["n"]]], dtype=np.float32)
+
+
+def predict_fn(data, model):
+    if (data == 777).any():
+        time.sleep(1.5)  # a request kept in its pass (the SIGTERM test)
+    return data + 0
+
+
+def output_fn(prediction, accept, context):
+    state = context.session
+    answer = {"n": float(prediction[0][0]), "rows": int(prediction.shape[0])}
+    if state is not None:
+        answer.update(token=state["token"], seen=list(state["seen"]), worker=state["worker"])
+    return json.dumps(answer), "application/json"
+'''
+METADATA = {"name": "counter", "max_batch_size": 64, "inputs": [{"name": "n", "datatype": "FP32", "shape": [1]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}]}
+
+
+def counter_model(parent, name="counter"):
+    folder = model_dir_with(parent, SESSION_HOOKS, name)
+    (folder / "metadata.json").write_text(json.dumps({**METADATA, "name": name}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ended_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("sessions") / "ended.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, ended_log):
+    root = tmp_path_factory.mktemp("sessions-model")
+    env = {**TWO, "SESSION_ENDED_LOG": str(ended_log), "SMSERVE_MAX_BATCH_DELAY_MS": "2"}
+    with ServerProcess(counter_model(root), env, log_path=root / "server.log") as s:
+        yield s
+
+
+def ended(log_path) -> list[dict]:
+    return [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+
+
+def invoke(url, session=None, n=0, close=False, **extra):
+    headers = {"Content-Type": "application/json", "Connection": "close"}
+    if session is not None:
+        headers[SESSION] = session
+    if "attributes" in extra:
+        headers[ATTRIBUTES] = extra.pop("attributes")
+    if close:
+        headers[ATTRIBUTES] = "session=close"
+    return requests.post(url + "/invocations", data=json.dumps({"n": n, **extra}), headers=headers, timeout=60)
+
+
+def open_session(url, token: str) -> str:
+    answer = invoke(url, "NEW_SESSION", 0, attributes=token)
+    assert answer.status_code == 200, answer.text
+    value = answer.headers[NEW_ID]
+    session_id, expires = value.split("; Expires=")
+    assert time.strptime(expires, "%Y-%m-%dT%H:%M:%SZ")
+    assert answer.json() == {"n": 0.0, "rows": 1, "token": token, "seen": [0], "worker": answer.json()["worker"]}
+    return session_id
+
+
+def test_a_session_opens_continues_and_closes_through_the_hooks(server, ended_log):
+    sid = open_session(server.url, "alpha")
+    for n in (1, 2, 3):
+        answer = invoke(server.url, sid, n)
+        assert answer.status_code == 200 and answer.json()["seen"] == list(range(n + 1)), answer.text
+        assert NEW_ID not in answer.headers and CLOSED_ID not in answer.headers
+    closed = requests.post(server.url + "/invocations", json={"requestType": "CLOSE"}, headers={SESSION: sid})
+    assert closed.status_code == 200 and closed.headers[CLOSED_ID] == sid and closed.json() == {"closed": sid}
+    gone = invoke(server.url, sid, 4)
+    assert gone.status_code == 400 and sid in gone.json()["error"] and "not open" in gone.json()["error"]
+    assert {"id": sid, "how": "closed", "token": "alpha", "seen": [0, 1, 2, 3]} in ended(ended_log)
+
+
+def test_the_header_form_closes_once_its_request_is_answered(server, ended_log):
+    sid = open_session(server.url, "beta")
+    last = invoke(server.url, sid, 1, close=True)
+    assert last.status_code == 200 and last.json()["seen"] == [0, 1] and last.headers[CLOSED_ID] == sid
+    assert invoke(server.url, sid, 2).status_code == 400
+    assert {"id": sid, "how": "closed", "token": "beta", "seen": [0, 1]} in ended(ended_log)
+
+
+def test_a_control_body_opens_without_inference(server):
+    answer = requests.post(server.url + "/invocations", json={"requestType": "NEW_SESSION"},
+                           headers={SESSION: "NEW_SESSION", ATTRIBUTES: "gamma"})
+    assert answer.status_code == 200, answer.text
+    sid = answer.headers[NEW_ID].split(";")[0]
+    assert answer.json()["session"] == sid and answer.headers[NEW_ID].endswith("Z")
+    assert invoke(server.url, sid, 5).json()["seen"] == [5]  # the control body was no request of the model's
+
+
+def test_an_opening_request_that_fails_leaves_no_session(server, ended_log):
+    answer = requests.post(server.url + "/invocations", json={"no": "n"}, headers={SESSION: "NEW_SESSION"})
+    assert answer.status_code == 400 and NEW_ID not in answer.headers, answer.text
+    refused = invoke(server.url, "NEW_SESSION", 1, attributes="refuse")
+    assert refused.status_code == 500 and refused.json()["error"].startswith("open_session failed: ValueError")
+    assert wait_until(lambda: any(e["how"] == "closed" and e["seen"] == [] for e in ended(ended_log)))
+
+
+def sessions_on_both_workers(url: str, count: int, token: str) -> dict[int, str]:
+    """count sessions, half held by each worker (which worker accepts a new connection is
+    the kernel's choice: sessions are opened until each has its half); token-i is the
+    custom attribute session i opened with."""
+    held: dict[int, list[str]] = {0: [], 1: []}
+    i = 0
+    while min(len(ids) for ids in held.values()) < count // 2:
+        assert i < 50 * count, f"one worker opened every session: {held}"
+        answer = invoke(url, "NEW_SESSION", 0, attributes=f"{token}-{i}")
+        sid = answer.headers[NEW_ID].split(";")[0]
+        held[int(sid.split("-")[0])].append((i, sid))
+        i += 1
+    return dict(held[0][: count // 2] + held[1][: count // 2])
+
+
+def test_sixteen_sessions_on_two_workers_never_see_each_others_state(server):
+    """10,000 requests from 16 concurrent sessions, 8 held by each worker, half of them on
+    a new connection each (accepted by either worker: handed to the holder when it is the
+    other), half on one kept-alive connection each: every answer is its own session's,
+    in order."""
+    sessions = 16
+    per_session = 10_000 // sessions
+    ids = sessions_on_both_workers(server.url, sessions, "token")
+    handoffs_before = _metric(server, "smserve_session_handoffs_total")
+
+    def drive(i):
+        sid, seen = ids[i], [0]  # (each session's opening request sent 0)
+        client = requests.Session() if i % 2 else None
+        try:
+            for n in range(1, per_session):
+                headers = {"Content-Type": "application/json", SESSION: sid}
+                if client is None:
+                    headers["Connection"] = "close"
+                body = json.dumps({"n": i * 100_000 + n})
+                answer = (client or requests).post(server.url + "/invocations", data=body, headers=headers, timeout=60)
+                seen.append(i * 100_000 + n)
+                got = answer.json()
+                assert answer.status_code == 200, answer.text
+                assert got["token"] == f"token-{i}" and got["n"] == i * 100_000 + n and got["seen"] == seen
+        finally:
+            if client is not None:
+                client.close()
+        return per_session
+
+    with ThreadPoolExecutor(sessions) as pool:
+        assert sum(pool.map(drive, ids)) == sessions * per_session
+    assert _metric(server, "smserve_session_handoffs_total") > handoffs_before
+
+
+def test_one_kept_alive_connection_carries_both_workers_sessions_pipelined(server):
+    """SageMaker's load balancer sends any session's requests down any connection: the
+    connection moves to each request's worker, pipelined requests with it."""
+    first, second = sessions_on_both_workers(server.url, 2, "pipe").values()
+    sids = [first, second] * 4
+    requests_bytes = b"".join(
+        b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"{SESSION}: {sid}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        for sid, body in ((sid, json.dumps({"n": k}).encode()) for k, sid in enumerate(sids)))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+        conn.sendall(requests_bytes)  # all at once: each hand-over carries the rest along
+        reader = conn.makefile("rb")
+        answers = [_read_answer(reader) for _ in sids]
+    assert [a["n"] for a in answers] == list(range(len(sids)))
+    assert [a["worker"] for a in answers][:2] != [answers[0]["worker"]] * 2
+    for k, answer in enumerate(answers):
+        assert answer["seen"][-1] == k
+
+
+def _read_answer(reader) -> dict:
+    status = reader.readline()
+    assert status.startswith(b"HTTP/1.1 200"), status
+    length = 0
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    return json.loads(reader.read(length))
+
+
+def test_requests_of_one_session_run_one_at_a_time_in_order(server):
+    sid = open_session(server.url, "serial")
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda n: invoke(server.url, sid, n, sleep=0.05).json(), range(1, 7)))
+    histories = sorted(len(a["seen"]) for a in answers)
+    assert histories == list(range(2, 8))  # each saw a distinct, longer history: none ran beside another
+    for answer in answers:
+        assert answer["seen"][-1] == answer["n"]
+
+
+@pytest.mark.parametrize("value, words", [
+    ("1-aaaaaaaa-" + "0" * 32, ["not open"]),  # forged, of our form
+    ("made-up-by-a-client", ["not open"]),
+    ("7-aaaaaaaa-" + "0" * 32, ["not open"]),  # a worker there is not
+    ("new_session", ["must be NEW_SESSION"]),
+    ("a" * 257, ["must be NEW_SESSION"]),
+    ("has space", ["must be NEW_SESSION"]),
+    ("-leading", ["must be NEW_SESSION"]),
+    ("x\x7fy", ["session-id"]),  # (refused by the head's parser, naming the field)
+])
+def test_unknown_forged_and_malformed_ids_are_400s_naming_the_session(server, value, words):
+    answer = invoke(server.url, value, 1)
+    assert answer.status_code == 400 and answer.headers["Content-Type"] == "application/json", answer.text
+    for word in words:
+        assert word.lower() in answer.json()["error"].lower()
+    assert NEW_ID not in answer.headers and CLOSED_ID not in answer.headers
+
+
+def test_a_folded_line_cannot_smuggle_a_header_in_beside_the_sessions(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+        body = b'{"n": 1}'
+        conn.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"{SESSION}: NEW_SESSION\r\n X-Injected: 1\r\n".encode()  # obsolete folding
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        answer = conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400") and b"X-Injected" not in answer.split(b"\r\n\r\n")[0]
+
+
+def test_a_model_without_session_hooks_says_it_keeps_none(example_server):
+    answer = requests.post(example_server.url + "/invocations", json=[[0.0] * 64], headers={SESSION: "NEW_SESSION"})
+    assert answer.status_code == 400 and "keeps no sessions" in answer.json()["error"], answer.text
+    v2 = requests.post(example_server.url + "/v2/models/digits/infer", headers={SESSION: "NEW_SESSION"}, json={
+        "inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]})
+    assert v2.status_code == 400 and "/invocations" in v2.json()["error"]
+
+
+def _metric(server, name: str, **labels) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_metrics_and_the_access_line_tell_the_sessions(server):
+    opened = _metric(server, "smserve_sessions_total", how="opened")
+    sid = open_session(server.url, "counted")
+    invoke(server.url, sid, 1)
+    assert wait_until(lambda: _metric(server, "smserve_sessions_total", how="opened") == opened + 1)
+    assert _metric(server, "smserve_sessions_open") >= 1 and _metric(server, "smserve_session_state_bytes") > 0
+    assert wait_until(lambda: f"session={sid}" in server.log())
+
+
+# ---------------------------------------------------------------- bounds, expiry, SIGTERM
+
+
+def test_expiry_closes_through_the_hook_and_a_request_racing_it_is_never_served_without_its_state(tmp_path):
+    ended_at = tmp_path / "ended.jsonl"
+    env = {**TWO, "SESSION_ENDED_LOG": str(ended_at), "SMSERVE_SESSION_TTL_S": "2"}
+    with ServerProcess(counter_model(tmp_path), env, log_path=tmp_path / "server.log") as server:
+        sids = [open_session(server.url, f"t{i}") for i in range(4)]
+        results = {sid: [] for sid in sids}
+
+        def hammer(sid):
+            n = 1
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                answer = invoke(server.url, sid, n)
+                results[sid].append((answer.status_code, answer.json()))
+                n += 1
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(hammer, sids))
+        assert wait_until(lambda: len([e for e in ended(ended_at) if e["how"] == "expired"]) == 4, timeout=10)
+        for sid in sids:
+            codes = [code for code, _ in results[sid]]
+            # Served, then refused, never served again; every 200 with its whole history.
+            assert codes == sorted(codes) and codes[0] == 200 and codes[-1] == 400, codes
+            served = [answer for code, answer in results[sid] if code == 200]
+            assert all(a["seen"] == list(range(len(a["seen"]))) for a in served)
+            refused = [answer["error"] for code, answer in results[sid] if code == 400]
+            assert all(sid in message for message in refused)
+            closing = next(e for e in ended(ended_at) if e["id"] == sid)
+            assert closing["how"] == "expired" and closing["seen"] == served[-1]["seen"]
+
+
+def test_a_worker_holds_at_most_max_sessions(tmp_path):
+    env = {"SESSION_ENDED_LOG": str(tmp_path / "ended.jsonl"), "SMSERVE_MAX_SESSIONS": "3"}
+    with ServerProcess(counter_model(tmp_path), env, log_path=tmp_path / "server.log") as server:
+        sids = [open_session(server.url, f"t{i}") for i in range(3)]
+        full = invoke(server.url, "NEW_SESSION", 1)
+        assert full.status_code == 429 and "SMSERVE_MAX_SESSIONS" in full.json()["error"], full.text
+        assert 1 <= int(full.headers["Retry-After"]) <= 1201
+        assert invoke(server.url, sids[0], 1, close=True).status_code == 200
+        open_session(server.url, "again")
+
+
+def test_sigterm_closes_every_session_after_the_requests_in_flight(tmp_path):
+    ended_at = tmp_path / "ended.jsonl"
+    env = {**TWO, "SESSION_ENDED_LOG": str(ended_at)}
+    server = ServerProcess(counter_model(tmp_path), env, log_path=tmp_path / "server.log").start()
+    try:
+        sids = [open_session(server.url, f"t{i}") for i in range(4)]
+        slow = ThreadPoolExecutor(1).submit(invoke, server.url, sids[0], 777)
+        assert wait_until(lambda: pending_requests(server) >= 1, timeout=10)  # in its pass
+        assert server.terminate() == 0
+        answer = slow.result(timeout=30)
+        assert answer.status_code == 200 and answer.json()["seen"] == [0, 777]
+    finally:
+        server.terminate()
+    closings = {e["id"]: e for e in ended(ended_at)}
+    assert set(closings) == set(sids) and {e["how"] for e in closings.values()} == {"shutdown"}
+    assert closings[sids[0]]["seen"] == [0, 777]  # closed after its request in flight finished
+
+
+def test_a_session_belongs_to_its_model_and_closes_with_its_unload(tmp_path):
+    ended_at = tmp_path / "ended.jsonl"
+    root = tmp_path / "models"
+    root.mkdir()
+    a, b = counter_model(root, "a"), counter_model(root, "b")
+    env = {**TWO, "SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": str(root),
+           "SESSION_ENDED_LOG": str(ended_at)}
+    with ServerProcess(tmp_path / "none", env, log_path=tmp_path / "server.log") as server:
+        for name, folder in (("a", a), ("b", b)):
+            assert requests.post(server.url + "/models", json={"model_name": name, "url": str(folder)},
+                                 timeout=120).status_code == 200
+        opened = requests.post(server.url + "/models/a/invoke", json={"n": 1}, headers={SESSION: "NEW_SESSION"})
+        assert opened.status_code == 200, opened.text
+        sid = opened.headers[NEW_ID].split(";")[0]
+        other = requests.post(server.url + "/models/b/invoke", json={"n": 2}, headers={SESSION: sid})
+        assert other.status_code == 400 and "belongs to model 'a'" in other.json()["error"]
+        again = requests.post(server.url + "/models/a/invoke", json={"n": 3}, headers={SESSION: sid})
+        assert again.status_code == 200 and again.json()["seen"] == [1, 3]
+        assert requests.delete(server.url + "/models/a", timeout=60).status_code == 200
+        assert {"id": sid, "how": "unloaded", "token": None, "seen": [1, 3]} in ended(ended_at)
+        gone = requests.post(server.url + "/models/b/invoke", json={"n": 4}, headers={SESSION: sid})
+        assert gone.status_code == 400
+
+
+def test_random_workers_random_order_stress(server):
+    """Sessions opened and closed while others run, on random connections."""
+    rng = random.Random(7)
+
+    def life(i):
+        sid = open_session(server.url, f"life-{i}")
+        for n in range(1, rng.randint(2, 12)):
+            answer = invoke(server.url, sid, n)
+            assert answer.status_code == 200 and answer.json()["seen"] == list(range(n + 1))
+        closed = requests.post(server.url + "/invocations", json={"requestType": "CLOSE"}, headers={SESSION: sid})
+        assert closed.status_code == 200
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(life, range(24)))
