@@ -12,6 +12,11 @@ for a reproducible answer (default: a fresh random one). A `text/plain` body is 
 prompt itself, with the defaults. `predict_fn` returns a generator that yields the
 answer one character at a time; the server sends each as its own chunk.
 
+Stateful HTTP sessions (`open_session`, `close_session`; InvokeEndpoint with
+`SessionId="NEW_SESSION"`, then the ID the answer gave): each request's prompt continues
+the session's conversation, streamed as any answer is, and an empty prompt continues the
+last answer. Closed by `{"requestType": "CLOSE"}` (or at its expiry).
+
 WebSocket sessions (`stream_fn`): each message is a prompt, plain text or a JSON object
 as above; the answer to each is one generator of characters (one fragmented message).
 A bad query option ends the session (close code 1008). The session is stateful: the GRU's hidden state carries over from one message to the
@@ -268,8 +273,22 @@ def input_fn(body: bytes, content_type: str) -> GenerationRequest:
     return parse_request(obj)
 
 
-def predict_fn(data: GenerationRequest, model: TextGenerator) -> Iterator[str]:
-    return model.generate(data)
+def predict_fn(data: GenerationRequest, model: TextGenerator, context=None) -> Iterator[str]:
+    """In a stateful session (InvokeEndpoint's SessionId), the prompt continues the
+    session's conversation: context.session is its SessionState, which the generator
+    updates as it yields; outside one, a fresh conversation."""
+    return model.generate(data, getattr(context, "session", None))
+
+
+def open_session(context) -> SessionState:
+    """A stateful session's state: the conversation, empty until its first prompt."""
+    return SessionState()
+
+
+def close_session(state: SessionState, context) -> None:
+    """The session ended (closed, expired, or the server stopping): its hidden state,
+    on the GPU where the model is, goes now rather than whenever Python collects it."""
+    state.hidden = state.logits = None
 
 
 def stream_fn(messages: Iterable[str | bytes], model: TextGenerator, context) -> Iterator:

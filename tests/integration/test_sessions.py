@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+import torch
 
 from local_test.server_process import ServerProcess
 from tests.helpers.models import model_dir_with
@@ -407,3 +408,39 @@ def test_random_workers_random_order_stress(server):
 
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(life, range(24)))
+
+
+# ---------------------------------------------------------------- the textgen example, streamed
+
+
+def test_textgen_continues_a_conversation_streamed_in_a_session(textgen_dir, tmp_path):
+    """The example's predict_fn continues context.session's conversation: a streamed answer
+    (as InvokeEndpointWithResponseStream carries it) of an existing session is what the
+    model writes offline after the same earlier turns."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("textgen_offline", textgen_dir / "code" / "inference.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    # On the device the server's model_fn picks, so the same kernels sample the same text.
+    model = hooks.load_generator(str(textgen_dir), "cuda" if torch.cuda.is_available() else "cpu")
+    turns = [{"prompt": "The iris data set", "max_tokens": 30, "seed": 1, "temperature": 0.5},
+             {"prompt": " It has", "max_tokens": 40, "seed": 2, "temperature": 0.5},
+             {"prompt": "", "max_tokens": 20, "seed": 3, "temperature": 0.5}]
+    state = hooks.open_session(None)
+    offline = ["".join(model.generate(hooks.parse_request(turn), state)) for turn in turns]
+
+    with ServerProcess(textgen_dir, TWO, log_path=tmp_path / "server.log") as server:
+        first = requests.post(server.url + "/invocations", json=turns[0], timeout=60,
+                              headers={SESSION: "NEW_SESSION", "Accept": "text/plain"})
+        assert first.status_code == 200 and first.text == offline[0], first.text
+        sid = first.headers[NEW_ID].split(";")[0]
+        for turn, expected in zip(turns[1:], offline[1:]):
+            with requests.post(server.url + "/invocations", json=turn, stream=True, timeout=60,
+                               headers={SESSION: sid, "Accept": "text/plain", "Connection": "close"}) as answer:
+                assert answer.status_code == 200 and answer.headers.get("Transfer-Encoding") == "chunked"
+                pieces = [piece.decode() for piece in answer.iter_content(None)]
+            assert "".join(pieces) == expected and len(pieces) > 1
+        # Without the session, the same turn starts a conversation of its own.
+        alone = requests.post(server.url + "/invocations", json=turns[1], headers={"Accept": "text/plain"}, timeout=60)
+        assert alone.status_code == 200 and alone.text != offline[1]
