@@ -102,10 +102,16 @@ def _say_response_headers(response: dict) -> None:
 
 
 def invoke(aws: Aws, endpoint_name: str, body: bytes, content_type: str, accept: str | None, routing: Routing = Routing()) -> tuple[bytes, str]:
+    response = invoke_response(aws, endpoint_name, body, content_type, accept, routing)
+    return response["Body"].read(), response.get("ContentType", "application/octet-stream")
+
+
+def invoke_response(aws: Aws, endpoint_name: str, body: bytes, content_type: str, accept: str | None, routing: Routing = Routing()) -> dict:
+    """InvokeEndpoint's whole response (its NewSessionId, say), what came beside the body said on stderr."""
     params = _request(endpoint_name, body, content_type, accept, routing, streaming=False)
     response = aws.client("sagemaker-runtime").invoke_endpoint(**params)
     _say_response_headers(response)
-    return response["Body"].read(), response.get("ContentType", "application/octet-stream")
+    return response
 
 
 def invoke_stream(aws: Aws, endpoint_name: str, body: bytes, content_type: str, accept: str | None, routing: Routing = Routing()):

@@ -1,10 +1,9 @@
 """invoke --stream: InvokeEndpointWithResponseStream, decoded as the parts arrive.
 
-moto has no response-streaming API, so these tests put tests/deploy/eventstream.py's
-SageMakerStreamAdapter where SageMaker would be (its docstring says how it frames the
-container's chunked answer as SageMaker's event stream). boto3 in the tool talks to it
-over HTTP and decodes the events with botocore's own event-stream parser. Behind the
-adapter is either a scripted chunked server (to cut parts at awkward places, hold the
+moto has no response-streaming API, so these tests put local_test.runtime.LocalRuntime
+where SageMaker would be (its docstring says how it frames the container's chunked
+answer as SageMaker's event stream). boto3 in the tool talks to it over HTTP and
+decodes the events with botocore's own event-stream parser. Behind it is either a scripted chunked server (to cut parts at awkward places, hold the
 stream open, or break it off) or the real server (container/serve) with a model whose
 predict_fn yields.
 """
@@ -21,7 +20,8 @@ import threading
 import pytest
 
 from deploy.stream import printable
-from tests.deploy.eventstream import ChunkedServer, SageMakerStreamAdapter
+from local_test.runtime import LocalRuntime
+from tests.deploy.eventstream import ChunkedServer
 from tests.deploy.support import REGION, REPO_ROOT, one_error_line
 from tests.helpers.models import STREAMING_HOOKS, model_dir_with
 
@@ -114,7 +114,7 @@ def test_stream_prints_each_record_while_the_stream_is_still_open(fake_aws, tmp_
     script = [b'{"token": 0, "text": "w0"}\n{"tok', b'en": 1, "text": "w1"}\n', gate, b'{"token": 2, "text": "w2"}\n']
     request = tmp_path / "prompt.json"
     request.write_bytes(b'{"n": 3}')
-    with ChunkedServer("application/jsonlines", script) as container, SageMakerStreamAdapter(container.url) as adapter:
+    with ChunkedServer("application/jsonlines", script) as container, LocalRuntime(container.url) as adapter:
         tool = start_tool(adapter.url, "--input", str(request), "--accept", "application/jsonlines")
         lines = line_reader(tool.stdout)
         try:
@@ -145,7 +145,7 @@ def test_stream_prints_each_record_while_the_stream_is_still_open(fake_aws, tmp_
 
 def test_sse_error_event_from_the_container_is_one_line_and_exit_1(fake_aws, cli_in_process):
     script = [b'data: {"token": 0}\n\n', b'event: error\ndata: {"error": "CUDA out of memory"}\n\n']
-    with ChunkedServer("text/event-stream", script) as container, SageMakerStreamAdapter(container.url) as adapter:
+    with ChunkedServer("text/event-stream", script) as container, LocalRuntime(container.url) as adapter:
         status, out, err = cli_in_process(adapter.url, "--array", "[[1]]", "--accept", "text/event-stream")
     assert status == 1
     assert out == '{"token": 0}\n'  # what came before the failure was printed
@@ -154,7 +154,7 @@ def test_sse_error_event_from_the_container_is_one_line_and_exit_1(fake_aws, cli
 
 def test_a_stream_broken_off_is_a_model_stream_error(fake_aws, cli_in_process):
     script = [b'{"token": 0}\n', "break"]
-    with ChunkedServer("application/jsonlines", script) as container, SageMakerStreamAdapter(container.url) as adapter:
+    with ChunkedServer("application/jsonlines", script) as container, LocalRuntime(container.url) as adapter:
         status, out, err = cli_in_process(adapter.url, "--array", "[[1]]")
     assert status == 1
     assert out == '{"token": 0}\n'
@@ -164,7 +164,7 @@ def test_a_stream_broken_off_is_a_model_stream_error(fake_aws, cli_in_process):
 def test_a_refused_request_is_sagemakers_model_error(fake_aws, cli_in_process):
     """The container's 4xx comes before any part: SageMaker answers ModelError (424), no stream."""
     error_server = _ErrorServer(415, b'{"error": "unsupported Content-Type text/x-foo"}')
-    with error_server, SageMakerStreamAdapter(error_server.url) as adapter:
+    with error_server, LocalRuntime(error_server.url) as adapter:
         status, out, err = cli_in_process(adapter.url, "--array", "[[1]]")
     assert (status, out) == (1, "")
     line = one_error_line(err)
@@ -227,7 +227,7 @@ def streaming_server(tmp_path_factory):
 def test_stream_from_the_real_server(fake_aws, streaming_server, tmp_path, accept, printed):
     request = tmp_path / "prompt.json"
     request.write_text(json.dumps({"n": 3, "pause": 0.3}))
-    with SageMakerStreamAdapter(streaming_server.url) as adapter:
+    with LocalRuntime(streaming_server.url) as adapter:
         tool = start_tool(adapter.url, "--input", str(request), "--accept", accept)
         lines = line_reader(tool.stdout)
         try:

@@ -7,8 +7,12 @@ endpoints and bad headers."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import socket
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,7 +20,8 @@ import pytest
 import requests
 import torch
 
-from local_test.server_process import ServerProcess
+from local_test.runtime import LocalRuntime
+from local_test.server_process import ROOT, ServerProcess
 from tests.helpers.models import model_dir_with
 from tests.helpers.servers import pending_requests, wait_until
 
@@ -444,3 +449,42 @@ def test_textgen_continues_a_conversation_streamed_in_a_session(textgen_dir, tmp
         # Without the session, the same turn starts a conversation of its own.
         alone = requests.post(server.url + "/invocations", json=turns[1], headers={"Accept": "text/plain"}, timeout=60)
         assert alone.status_code == 200 and alone.text != offline[1]
+
+
+# ---------------------------------------------------------------- clients: boto3 through a local runtime
+
+
+def test_the_local_driver_runs_a_session_through_boto3(server, ended_log):
+    done = subprocess.run([sys.executable, "-m", "local_test.session", "--url", server.url, '{"n": 1}', '{"n": 2}',
+                           '{"n": 3}'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [a["seen"] for a in answers] == [[1], [1, 2], [1, 2, 3]]
+    opened = re.search(r"^NewSessionId: (\S+); Expires=\S+Z$", done.stderr, re.M)
+    assert opened and f"ClosedSessionId: {opened.group(1)}" in done.stderr
+    assert wait_until(lambda: {"id": opened.group(1), "how": "closed", "token": None, "seen": [1, 2, 3]}
+                      in ended(ended_log))
+
+
+def test_deploy_invoke_session_id_prints_the_new_and_closed_ids(server, tmp_path):
+    env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
+
+    def deploy_invoke(session, body, *extra):
+        (tmp_path / "body.json").write_text(json.dumps(body))
+        return subprocess.run([sys.executable, "-m", "deploy", "invoke", "--endpoint-url", runtime.url,
+                               "--endpoint-name", "local", "--input", str(tmp_path / "body.json"),
+                               "--session-id", session, *extra], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    with LocalRuntime(server.url) as runtime:
+        first = deploy_invoke("NEW_SESSION", {"n": 5})
+        assert first.returncode == 0, first.stderr
+        sid = re.search(r"NewSessionId: ([A-Za-z0-9-]+); Expires=", first.stderr).group(1)
+        second = deploy_invoke(sid, {"n": 6}, "--custom-attributes", "session=close")
+        assert second.returncode == 0 and f"ClosedSessionId: {sid}" in second.stderr, second.stderr
+        assert json.loads(second.stdout)["seen"] == [5, 6]
+        third = deploy_invoke(sid, {"n": 7})
+        # SageMaker's ModelError, the container's 400 inside, in one line.
+        assert third.returncode == 1 and "400" in third.stderr and sid in third.stderr, third.stderr
+    sent = [r["headers"].get("X-Amzn-SageMaker-Session-Id") for r in runtime.requests]
+    assert sent == ["NEW_SESSION", sid, sid]
