@@ -21,4 +21,13 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 fi
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA" if torch.cuda.is_available() else "CPU only", file=__import__("sys").stderr)'
-exec "$PY" bench/bench_gpu.py "$@"
+"$PY" bench/bench_gpu.py "$@"
+# A model's own input format on the device: the image example fed JPEG through its input_fn
+# against prepared .npy (hook threads decoding while the GPU runs passes). Its CUDA checks
+# (input_fn's tensors on the worker's GPU, the hooks' current device) are a test:
+# .venv/bin/python -m pytest tests/integration/test_gpu_hooks.py
+if command -v hey >/dev/null 2>&1; then
+    "$PY" bench/bench_image.py --torch-threads 0 --seconds 5 --rounds 2
+else
+    echo "bench_image skipped: it needs hey (apt-get install hey)" >&2
+fi

@@ -91,6 +91,9 @@ class Settings:
     # Requests whose decode or encode cost grows with the body run on this many
     # codec threads, off the event loop.
     codec_threads: int = 2
+    # Threads per worker that run the models' input_fn and output_fn (None: the worker's
+    # share of the cores, at least 2).
+    hook_threads: int | None = None
     torch_threads: int | None = None
     device: str = "auto"
     # Mixed precision around the forward pass (torch.autocast), and torch.compile of
@@ -286,6 +289,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "max_sessions": (PREFIX + "MAX_SESSIONS", _positive_int),
     "session_ttl_s": (PREFIX + "SESSION_TTL_S", _seconds),
     "codec_threads": (PREFIX + "CODEC_THREADS", _positive_int),
+    "hook_threads": (PREFIX + "HOOK_THREADS", _positive_int),
     "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),
     "device": (PREFIX + "DEVICE", _device),
     "autocast": (PREFIX + "AUTOCAST", _one_of(AUTOCAST_MODES)),

@@ -1,9 +1,9 @@
 """A request through the model's own hooks: input_fn, the batcher, output_fn.
 
 `input_fn` and `output_fn` are the user's code, and their cost grows with the request
-(decoding a JPEG, writing top-k labels): they run on the codec threads, never on the
-event loop, each request's on its own with its own context, while the inference thread
-runs passes. What `input_fn` returns goes to the runner as a decoded body does: a batch
+(decoding a JPEG, writing top-k labels): they run on the hook threads (as many as the
+worker's share of the cores), never on the event loop, each request's on its own with
+its own context, while the inference thread runs passes. What `input_fn` returns goes to the runner as a decoded body does: a batch
 (a tensor, an array, or a tuple, list or dict of them; engine/batchable.py) is cut into
 passes of at most the max batch size and shares passes with other requests whose
 leaves agree past dimension 0, its tensors reaching the model's device through the same
@@ -28,10 +28,10 @@ class HookChain:
         self._said: set[str] = set()  # why requests ran alone, said once each
 
     def input(self, message):
-        """input_fn's value for the message (on a codec thread), or NotImplemented when
+        """input_fn's value for the message (on a hook thread), or NotImplemented when
         it hands the body back to the built-in codecs."""
         model = self.server.model
-        return self.server.on_codec_thread(_run_input_fn, model, message)
+        return self.server.on_hook_thread(_run_input_fn, model, message)
 
     def answer(self, value, message, accept: str, encode, decoded: bool = False):
         """The answer to one request whose data is value: input_fn's, or the built-in
@@ -47,9 +47,9 @@ class HookChain:
             return prediction
         if hooks.output_fn is None:
             return server.codec(sum(getattr(a, "nbytes", 0) for a in prediction.values()), encode, prediction)
-        answer = server.on_codec_thread(_run_output_fn, model, prediction, accept, message)
+        answer = server.on_hook_thread(_run_output_fn, model, prediction, accept, message)
         if answer is NotImplemented:
-            return server.on_codec_thread(lambda: encode(model.outputs_to_numpy(prediction)))
+            return server.on_hook_thread(lambda: encode(model.outputs_to_numpy(prediction)))
         return answer
 
     def _predict(self, model, value, message, decoded: bool):
@@ -96,7 +96,7 @@ class HookChain:
 
 
 def _run_input_fn(model, message):
-    """On a codec thread: the user's input_fn, its failure named."""
+    """On a hook thread: the user's input_fn, its failure named."""
     model.bind_thread()
     hooks = model.hooks
     try:
@@ -108,7 +108,7 @@ def _run_input_fn(model, message):
 
 
 def _run_output_fn(model, prediction, accept: str, message) -> tuple[bytes, str]:
-    """On a codec thread: the user's output_fn -> (body, media type)."""
+    """On a hook thread: the user's output_fn -> (body, media type)."""
     model.bind_thread()
     hooks = model.hooks
     try:

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF = (np.dtype(np.float16),)
-# The device each codec thread that runs hooks was readied for (bind_thread).
+# The device each hook thread was readied for (bind_thread).
 _thread_device = threading.local()
 
 
@@ -146,13 +146,12 @@ class LoadedModel:
         return value
 
     def bind_thread(self) -> None:
-        """Ready the calling thread (a codec thread) to run this model's hooks, once
+        """Ready the calling thread (a hook thread) to run this model's hooks, once
         per thread:
         - one intra-op thread for its torch work: hooks run per request, several
           requests' at once beside the inference thread's passes, and each calling
-          thread gets an OpenMP pool of its own whose threads spin between calls: two
-          codec threads with the model's two threads each held the image example (two
-          cores, 64 x 64) to 13 req/s, against 100 with one each;
+          thread would get an OpenMP pool of its own, sized like the model's, whose
+          threads spin between calls;
         - this model's GPU as its current CUDA device (CUDA's current device is per
           thread), so that `.cuda()` and `torch.cuda.current_device()` in hooks mean
           the worker's GPU."""

@@ -31,12 +31,11 @@ import warnings
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
-from gevent.threadpool import ThreadPool
 
 from smserve.engine import memory, readiness
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT
 from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
-from smserve.engine.server import FAILED, ModelServer
+from smserve.engine.server import FAILED, ModelServer, Pools
 from smserve.engine.sessions import SessionTable
 from smserve.errors import BadRequest, Conflict, InsufficientStorage, NotFound, Unavailable
 from smserve.settings import Settings
@@ -74,10 +73,10 @@ class MultiModelServer:
         self.workers = workers or settings.workers or 1
         self.state_dir = state_dir
         self.shared = SharedRegistry(os.path.join(state_dir or tempfile.mkdtemp(prefix="smserve-"), "models"))
-        self.pools = (ThreadPool(settings.codec_threads), ThreadPool(settings.max_sessions + 4))
+        self.pools = Pools.for_worker(settings, self.workers)
         # Stateful sessions, each of one model: one table, and one bound, for the worker.
         self.sessions = SessionTable(settings, worker_index)
-        self.codec_pool = self.pools[0]
+        self.codec_pool = self.pools.codec
         self.models: dict[str, _Local] = {}
         self._load_lock = Semaphore()  # one load at a time, so each footprint is its own
         self._busy: set[tuple[str, str]] = set()  # (name, generation) being loaded or unloaded here

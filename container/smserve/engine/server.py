@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from dataclasses import dataclass
 from typing import Iterator
 
 import gevent
@@ -33,14 +34,31 @@ LOADING, READY, FAILED = "loading", "ready", "failed"
 OFFLOAD_BYTES = 256 * 1024
 
 
+@dataclass(frozen=True)
+class Pools:
+    """The threads a worker's models share (gevent's pools start a thread only when one
+    is wanted): codec threads decode and encode big bodies, session threads run
+    stream_fn sessions (one each), hook threads run the models' input_fn and output_fn."""
+
+    codec: ThreadPool
+    session: ThreadPool
+    hooks: ThreadPool
+
+    @classmethod
+    def for_worker(cls, settings: Settings, workers: int) -> "Pools":
+        # Hooks decode images and text per request: the worker's share of the cores, so
+        # that one worker of a GPU host reads JPEG as fast as its GPU runs the model.
+        hooks = settings.hook_threads or max(2, hardware.cpu_count() // max(1, workers))
+        return cls(ThreadPool(settings.codec_threads), ThreadPool(settings.max_sessions + 4), ThreadPool(hooks))
+
+
 class ModelServer:
     def __init__(self, settings: Settings, worker_index: int = 0, workers: int | None = None,
                  state_dir: str | None = None, model_dir: str | None = None, name: str | None = None,
-                 pools: tuple[ThreadPool, ThreadPool] | None = None, sessions: SessionTable | None = None):
+                 pools: Pools | None = None, sessions: SessionTable | None = None):
         """model_dir, name, pools, sessions: one model of a multi-model endpoint
         (engine/multi_model.py), which is loaded from its own folder, named by SageMaker,
-        and shares the worker's codec and session threads and its stateful sessions with
-        the other models."""
+        and shares the worker's threads and its stateful sessions with the other models."""
         self.settings = settings
         self.model_dir = model_dir or settings.model_dir
         self.name = name
@@ -50,9 +68,8 @@ class ModelServer:
         # all of them are ready (SageMaker sends traffic as soon as one ping is 200).
         self.state_dir = state_dir
         self.runner = Runner(max_delay_s=settings.max_batch_delay_ms / 1000.0)
-        # stream_fn sessions: one thread each while their code runs (streaming/stream_fn.py).
-        self.codec_pool, self.session_pool = pools or (ThreadPool(settings.codec_threads),
-                                                       ThreadPool(settings.max_sessions + 4))
+        self.pools = pools or Pools.for_worker(settings, self.workers)
+        self.codec_pool, self.session_pool = self.pools.codec, self.pools.session
         self.stream_sessions = 0
         # Stateful sessions (SageMaker's NEW_SESSION): the worker's, whatever its models.
         self.sessions = sessions if sessions is not None else SessionTable(settings, worker_index)
@@ -247,10 +264,10 @@ class ModelServer:
             return fn(*args)
         return on_thread(self.codec_pool, fn, args)
 
-    def on_codec_thread(self, fn, *args):
-        """fn on a codec thread, whatever its cost: a hook of the user's, whose cost is
+    def on_hook_thread(self, fn, *args):
+        """fn on a hook thread, whatever its cost: a hook of the user's, whose cost is
         not known from the body's size."""
-        return on_thread(self.codec_pool, fn, args)
+        return on_thread(self.pools.hooks, fn, args)
 
     def on_session_thread(self, fn, *args):
         """fn on a stream_fn session's thread, holding the model lock (shared with the
