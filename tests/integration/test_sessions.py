@@ -23,7 +23,7 @@ import torch
 from local_test.runtime import LocalRuntime
 from local_test.server_process import ROOT, ServerProcess
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import pending_requests, wait_until
+from tests.helpers.servers import passes_and_records, pending_requests, wait_until, worker_pids
 
 SESSION = "X-Amzn-SageMaker-Session-Id"
 NEW_ID = "X-Amzn-SageMaker-New-Session-Id"
@@ -194,6 +194,7 @@ def test_sixteen_sessions_on_two_workers_never_see_each_others_state(server):
     per_session = 10_000 // sessions
     ids = sessions_on_both_workers(server.url, sessions, "token")
     handoffs_before = _metric(server, "smserve_session_handoffs_total")
+    passes_before, records_before = passes_and_records(server, "counter")
 
     def drive(i):
         sid, seen = ids[i], [0]  # (each session's opening request sent 0)
@@ -217,6 +218,11 @@ def test_sixteen_sessions_on_two_workers_never_see_each_others_state(server):
     with ThreadPoolExecutor(sessions) as pool:
         assert sum(pool.map(drive, ids)) == sessions * per_session
     assert _metric(server, "smserve_session_handoffs_total") > handoffs_before
+    # Requests of different sessions shared forward passes (the workers write their
+    # counts once a second).
+    counted = wait_until(lambda: (lambda now: now if now[1] - records_before >= sessions * (per_session - 1) else None)(
+        passes_and_records(server, "counter")), timeout=10)
+    assert counted and counted[1] - records_before > counted[0] - passes_before, counted
 
 
 def test_one_kept_alive_connection_carries_both_workers_sessions_pipelined(server):
@@ -372,6 +378,59 @@ def test_sigterm_closes_every_session_after_the_requests_in_flight(tmp_path):
     closings = {e["id"]: e for e in ended(ended_at)}
     assert set(closings) == set(sids) and {e["how"] for e in closings.values()} == {"shutdown"}
     assert closings[sids[0]]["seen"] == [0, 777]  # closed after its request in flight finished
+
+
+def test_a_killed_workers_sessions_are_refused_never_served_without_their_state(tmp_path):
+    """kill -9 of the worker holding a session, under load: its requests are 400s naming
+    the session (its state died with it, and the ID names the old process), never a 200
+    without its history; the other worker's session goes on; the restarted worker opens
+    new ones."""
+    import signal
+
+    env = {**TWO, "SESSION_ENDED_LOG": str(tmp_path / "ended.jsonl")}
+    with ServerProcess(counter_model(tmp_path), env, log_path=tmp_path / "server.log") as server:
+        (doomed_i, doomed), (survivor_i, survivor) = sessions_on_both_workers(server.url, 2, "k").items()
+        tokens = {doomed: f"k-{doomed_i}", survivor: f"k-{survivor_i}"}
+        victim = invoke(server.url, doomed, 1).json()["worker"]
+        invoke(server.url, survivor, 1)
+        answers = []
+        stop = time.monotonic() + 3
+
+        def load(sid, first):
+            n = first
+            while time.monotonic() < stop:
+                try:
+                    answers.append((sid, n, invoke(server.url, sid, n)))
+                except requests.ConnectionError:
+                    answers.append((sid, n, None))  # a request the kill cut off
+                n += 2
+
+        with ThreadPoolExecutor(2) as pool:
+            runs = [pool.submit(load, doomed, 2), pool.submit(load, survivor, 2)]
+            time.sleep(0.5)
+            os.kill(victim, signal.SIGKILL)
+            for run in runs:
+                run.result()
+        refused = 0
+        for sid, n, answer in answers:
+            if answer is not None and answer.status_code == 200:
+                got = answer.json()
+                assert got["token"] == tokens[sid] and got["seen"][:2] == [0, 1] and got["seen"][-1] == n, got
+            elif answer is not None:
+                assert sid == doomed and answer.status_code == 400 and doomed in answer.json()["error"], answer.text
+                refused += 1
+            else:
+                assert sid == doomed
+        assert refused > 0
+        assert wait_until(lambda: len(worker_pids(server)) == 2 and victim not in worker_pids(server), timeout=60)
+        after = invoke(server.url, doomed, 99)
+        assert after.status_code == 400 and doomed in after.json()["error"], after.text
+        assert invoke(server.url, survivor, 100).json()["seen"][-1] == 100
+        assert wait_until(lambda: _status_of_new(server) == 200, timeout=60)
+
+
+def _status_of_new(server) -> int:
+    return invoke(server.url, "NEW_SESSION", 0).status_code
 
 
 def test_a_session_belongs_to_its_model_and_closes_with_its_unload(tmp_path):

@@ -32,7 +32,7 @@ from gevent.lock import Semaphore
 
 from smserve import metrics
 from smserve.core import session_ids
-from smserve.errors import BadRequest, HTTPError, TooManyRequests
+from smserve.errors import BadRequest, HTTPError, TooManyRequests, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class SessionTable:
     def __init__(self, settings, worker_index: int):
         self.ttl_s = settings.session_ttl_s
         self.max_sessions = settings.max_sessions
+        self.wait_s = float(settings.request_timeout)  # the most a request waits for its session's turn
         self.worker_index = worker_index
         self.start = session_ids.start_token()
         self._open: dict[str, Session] = {}
@@ -132,8 +133,12 @@ class SessionTable:
 
     def hold(self, session: Session) -> None:
         """Wait for the session's turn (its earlier requests finish first); 400 if it
-        closed or expired meanwhile. Every hold is followed by one release."""
-        session.lock.acquire()
+        closed or expired meanwhile, 503 if the turn does not come within the request
+        timeout (another request of the session is still streaming, say). Every hold
+        is followed by one release."""
+        if not session.lock.acquire(timeout=self.wait_s):
+            raise Unavailable(f"session {session.id!r} is busy: its earlier request has not finished within "
+                              f"{self.wait_s:.0f} s (a session's requests run one at a time)", headers={"Retry-After": "1"})
         if session.closed or session.expired():
             session.lock.release()
             state = "expired" if session.expired() and not session.closed else "closed"

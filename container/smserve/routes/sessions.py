@@ -44,11 +44,11 @@ def answer(server, request: Request, message, respond, reply_response) -> Respon
     """The request's answer in its session: respond(message) -> the request's own reply,
     reply_response(reply, message) -> its Response."""
     value = session_ids.requested(request.header(session_ids.SESSION_ID))
-    server.check_ready()
     table = server.sessions
     control = _control(message)
     context = message.context
     if value == session_ids.NEW_SESSION:
+        server.check_ready()
         if control == CLOSE:
             raise BadRequest(f'{{"{CONTROL_KEY}": "{CLOSE}"}} closes a session: send it with the session\'s ID in '
                              f"{session_ids.SESSION_ID}, not {session_ids.NEW_SESSION}")
@@ -58,7 +58,10 @@ def answer(server, request: Request, message, respond, reply_response) -> Respon
         if control == OPEN:
             raise BadRequest(f'{{"{CONTROL_KEY}": "{OPEN}"}} opens a session: send it with {session_ids.SESSION_ID}: '
                              f"{session_ids.NEW_SESSION}, not an ID")
+        # Found (or refused) before the model is asked for: a worker started again
+        # refuses its predecessor's sessions while its own model still loads.
         session, opened = table.find(value, server), False
+        server.check_ready()
         headers = []
     table.hold(session)
     if control is not None:
