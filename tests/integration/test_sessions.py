@@ -59,6 +59,8 @@ def close_session(state, context):
     with open(ENDED, "a") as f:
         f.write(json.dumps({"id": context.session_id, "how": context.close_reason, "token": state["token"],
                             "seen": state["seen"]}) + "\\n")
+    if state["token"] == "explode":
+        raise RuntimeError("close_session could not let go")
 
 
 def input_fn(body, content_type, context):
@@ -151,6 +153,18 @@ def test_the_header_form_closes_once_its_request_is_answered(server, ended_log):
     assert last.status_code == 200 and last.json()["seen"] == [0, 1] and last.headers[CLOSED_ID] == sid
     assert invoke(server.url, sid, 2).status_code == 400
     assert {"id": sid, "how": "closed", "token": "beta", "seen": [0, 1]} in ended(ended_log)
+
+
+def test_a_failing_close_session_costs_a_last_request_nothing_and_answers_a_close(server, ended_log):
+    sid = open_session(server.url, "explode")
+    last = invoke(server.url, sid, 1, close=True)
+    assert last.status_code == 200 and last.json()["seen"] == [0, 1] and last.headers[CLOSED_ID] == sid
+    assert invoke(server.url, sid, 2).status_code == 400  # closed all the same
+    other = open_session(server.url, "explode")
+    closed = requests.post(server.url + "/invocations", json={"requestType": "CLOSE"}, headers={SESSION: other})
+    assert closed.status_code == 500 and closed.json()["error"].startswith("close_session failed: RuntimeError")
+    assert invoke(server.url, other, 2).status_code == 400
+    assert wait_until(lambda: "close_session failed" in server.log())
 
 
 def test_a_control_body_opens_without_inference(server):

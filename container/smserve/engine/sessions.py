@@ -158,9 +158,11 @@ class SessionTable:
 
     # ------------------------------------------------------------ closing
 
-    def close(self, session: Session, how: str, context=None, held: bool = False) -> None:
+    def close(self, session: Session, how: str, context=None, held: bool = False, answer: bool = False) -> None:
         """Close it through the model's close_session (on the inference thread), after the
-        requests already in it; held: the caller holds its turn already (and keeps it)."""
+        requests already in it; held: the caller holds its turn already (and keeps it).
+        answer: close_session's failure is the request's answer (a close asked for by
+        itself); else it is logged, and the session is closed all the same."""
         if not held:
             session.lock.acquire()
         try:
@@ -173,7 +175,7 @@ class SessionTable:
             try:
                 session.server.close_session(session.state, context, session.id, how)
             except HTTPError as e:
-                if how == CLOSED:
+                if answer:
                     raise
                 log.warning("session %s (%s): %s", session.id, how, e.message)
             finally:

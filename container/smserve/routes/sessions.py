@@ -67,7 +67,7 @@ def answer(server, request: Request, message, respond, reply_response) -> Respon
     if control is not None:
         try:
             if control == CLOSE:
-                table.close(session, CLOSED, context, held=True)
+                table.close(session, CLOSED, context, held=True, answer=True)
                 return json_response(orjson.dumps({"closed": session.id}),
                                      headers=[(session_ids.CLOSED_SESSION_ID, session.id)])
             return json_response(orjson.dumps({"session": session.id, "expires": session.expires}), headers=headers)
