@@ -200,6 +200,8 @@ def input_fn(body, content_type, context):
         return torch.stack([])  # RuntimeError: the body held nothing to stack
     if content_type == "application/x-needs-a-package":
         import not_installed_anywhere  # noqa: F401  (the hook's environment lacks it)
+    if content_type == "application/x-words":
+        return ["no", "tensors"]  # no batch: runs alone (and this model takes tensors: a 400)
     if content_type == "application/x-device":
         context.response_custom_attributes = f"device={context.device}"
         return torch.zeros(2, 64)  # on the CPU; the server moves it to the model's device
@@ -262,6 +264,18 @@ def test_an_exception_in_output_fn_is_a_500_naming_it(failing):
     answer = requests.post(failing.url + "/invocations", data=json.dumps([[0.0] * 64]), timeout=30,
                            headers={"Content-Type": JSON})
     assert answer.status_code == 200 and len(answer.json()["predictions"][0]) == 10, answer.text
+
+
+def test_what_input_fn_returns_that_is_no_batch_runs_alone_and_is_said_once(failing):
+    mark = len(failing.log())
+    for _ in range(3):
+        answer = requests.post(failing.url + "/invocations", data=b"x", timeout=30,
+                               headers={"Content-Type": "application/x-words"})
+        assert answer.status_code == 400 and "numeric tensors" in answer.json()["error"], answer.text
+    logged = log_after(failing, mark, '"POST /invocations" 400')
+    assert logged.count("input_fn returned a value the batcher cannot batch (it is a list of 2 item(s)") == 1
+    # The start said what batches, and which hooks decide.
+    assert "batching: requests share forward passes of up to" in failing.log()
 
 
 def test_the_context_carries_the_models_device(failing):
