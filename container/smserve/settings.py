@@ -92,7 +92,7 @@ class Settings:
     # codec threads, off the event loop.
     codec_threads: int = 2
     # Threads per worker that run the models' input_fn and output_fn (None: the worker's
-    # share of the cores, at least 2).
+    # share of the cores, at least 1).
     hook_threads: int | None = None
     torch_threads: int | None = None
     device: str = "auto"

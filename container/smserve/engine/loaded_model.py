@@ -34,6 +34,7 @@ from smserve.engine import artifacts, batchable
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
 from smserve.engine.hooks import Hooks, load_hooks, missing_package_hint
 from smserve.core.metadata import METADATA_FILE, ModelMetadata, TensorSpec
+from smserve.engine.runner import yield_cpu_to_the_loop
 from smserve.engine.staging import HostStaging
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,8 @@ class LoadedModel:
     def bind_thread(self) -> None:
         """Ready the calling thread (a hook thread) to run this model's hooks, once
         per thread:
+        - below the event loop's CPU priority, as the inference thread is: a hook's
+          work per request (decoding an image) must not take the core from /ping;
         - one intra-op thread for its torch work: hooks run per request, several
           requests' at once beside the inference thread's passes, and each calling
           thread would get an OpenMP pool of its own, sized like the model's, whose
@@ -157,6 +160,7 @@ class LoadedModel:
           the worker's GPU."""
         if getattr(_thread_device, "device", None) == self.device:
             return
+        yield_cpu_to_the_loop()
         torch.set_num_threads(1)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
