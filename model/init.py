@@ -79,14 +79,14 @@ def derive(model_dir: Path) -> tuple[ModelMetadata, str, str | None]:
     derives without metadata.json, read the way the server reads the file (a pickle is
     refused, with how to save the model instead)."""
     from smserve.engine import artifacts
-    from smserve.engine.loaded_model import _metadata_from_export, _metadata_from_torchscript
+    from smserve.engine.derived import from_export, from_torchscript
 
     try:
         if (model_dir / EXPORTED).exists():
-            return _metadata_from_export(artifacts.load_exported(str(model_dir / EXPORTED))), EXPORTED, None
+            return from_export(artifacts.load_exported(str(model_dir / EXPORTED))), EXPORTED, None
         if (model_dir / TORCHSCRIPT).exists():
             module = artifacts.load_torchscript(str(model_dir / TORCHSCRIPT), map_location="cpu")
-            return _metadata_from_torchscript(module), TORCHSCRIPT, _torchscript_outputs_note(module)
+            return from_torchscript(module), TORCHSCRIPT, _torchscript_outputs_note(module)
     except ModelLoadError as e:
         raise SystemExit(f"model.init: {e}") from None
     raise SystemExit(
@@ -96,7 +96,7 @@ def derive(model_dir: Path) -> tuple[ModelMetadata, str, str | None]:
 
 def _torchscript_outputs_note(module) -> str:
     """What forward's return type says about the outputs, for metadata.json's comment."""
-    from smserve.engine.loaded_model import torchscript_output_count
+    from smserve.engine.derived import torchscript_output_count
 
     returned = str(module.forward.schema.returns[0].type) if module.forward.schema.returns else "?"
     count = torchscript_output_count(module)

@@ -14,7 +14,7 @@ from local_test.server_process import ROOT
 from model import init
 from smserve.engine.hooks import load_hooks
 from smserve.core.metadata import ModelMetadata
-from smserve.engine.loaded_model import _metadata_from_export
+from smserve.engine.derived import from_export
 
 
 class TwoHeads(torch.nn.Module):
@@ -45,7 +45,7 @@ def test_exported_model_gets_the_metadata_the_server_would_derive(tmp_path):
     document = json.loads((tmp_path / "m" / "metadata.json").read_text())
     assert document["_comment"], "the fields are explained"
     written = ModelMetadata.load(str(tmp_path / "m"))
-    derived = _metadata_from_export(program)
+    derived = from_export(program)
     assert written.name == "two-heads"
     assert written.max_batch_size == derived.max_batch_size == 64
     assert written.inputs == derived.inputs

@@ -96,7 +96,7 @@ def test_model_code_runs_below_the_event_loops_cpu_priority():
     CPU first when forward passes keep a core busy."""
     import os
 
-    from smserve.engine import runner as runner_module
+    from smserve.engine.priority import INFERENCE_NICE
 
     loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     runner = Runner()
@@ -110,7 +110,7 @@ def test_model_code_runs_below_the_event_loops_cpu_priority():
         return own, seen[0]
 
     own, started = runner.call(niceness)
-    expected = min(19, loop_nice + runner_module.INFERENCE_NICE)
+    expected = min(19, loop_nice + INFERENCE_NICE)
     assert (own, started) == (expected, expected)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
 

@@ -19,7 +19,8 @@ import torch
 from smserve.codecs import simple, v2
 from smserve.errors import BadRequest
 from smserve.core.metadata import ModelMetadata, TensorSpec
-from smserve.engine.loaded_model import _metadata_from_torchscript, load
+from smserve.engine.derived import from_torchscript
+from smserve.engine.loaded_model import load
 
 UNKNOWN = ModelMetadata(inputs=(TensorSpec("input", "FP32", None),), outputs=(TensorSpec("output__0", "FP32", None),))
 # The same model told it is a 1-D tensor of any length: still checked.
@@ -45,7 +46,7 @@ def save_torchscript(directory, kind: str) -> torch.nn.Module:
 @pytest.mark.parametrize("kind", ["script", "trace"])
 def test_torchscript_metadata_has_argument_names_unknown_shapes_and_no_batching(tmp_path, kind):
     save_torchscript(tmp_path, kind)
-    metadata = _metadata_from_torchscript(torch.jit.load(str(tmp_path / "model.pt")))
+    metadata = from_torchscript(torch.jit.load(str(tmp_path / "model.pt")))
     assert [(s.name, s.datatype, s.shape) for s in metadata.inputs] == [("input", "FP32", None)]
     assert [(s.name, s.shape) for s in metadata.outputs] == [("output__0", None)]
     assert metadata.max_batch_size == 0
@@ -125,7 +126,7 @@ def test_metadata_json_says_unknown_with_null_or_no_shape(entry):
 def test_a_loaded_torchscript_model_serves_a_batch_of_records_and_the_log_says_what_was_derived(
         tmp_path, kind, caplog):
     net = save_torchscript(tmp_path, kind)
-    with caplog.at_level(logging.INFO, logger="smserve.engine.loaded_model"):
+    with caplog.at_level(logging.INFO, logger="smserve.engine"):
         loaded = load(str(tmp_path), torch.device("cpu"))
     assert loaded.warm_up() is False  # nothing to warm up with: the shape is not known
     inputs = simple.decode("".join(",".join(f"{v:g}" for v in row) + "\n" for row in X).encode(), "text/csv",

@@ -10,15 +10,12 @@ model idle goes straight to a pass of its own.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import gevent
 import numpy as np
-from gevent import get_hub
 from gevent.event import AsyncResult
 from gevent.lock import Semaphore
 from gevent.queue import Queue
@@ -28,6 +25,7 @@ from smserve import metrics
 from smserve.engine import batchable
 from smserve.engine.hooks import is_stream, user_frames_first
 from smserve.engine.model_thread import ModelThread
+from smserve.engine.priority import poll_clock, yield_cpu_to_the_loop
 from smserve.errors import BadRequest, HTTPError, ServerError
 
 log = logging.getLogger(__name__)
@@ -398,15 +396,6 @@ class Runner:
             item.result.set_exception(e)
 
 
-# The inference thread's nice value, above the event loop's. The loop's work per request
-# is short and /ping waits behind it; on a core that forward passes keep busy, equal
-# priorities made the loop take turns with the model. With the loop's CPU first (nice
-# 10: its share when both want the core goes from 1/2 to about 9/10), the compute-bound
-# MLP on one core at -c 64 went from /ping p50/p99 14/55-63 ms and 639-651 req/s to
-# 4/36-37 ms and 735-744 req/s: the batcher, fed sooner, also runs fuller passes. The
-# model still gets every cycle the loop leaves, under a compute-bound load nearly all.
-INFERENCE_NICE = 10
-
 # Inline passes (Runner._forward) run only while the event loop has polled its sockets
 # within this many seconds: a run of them never keeps /ping waiting longer.
 INLINE_POLL_S = 0.010
@@ -414,41 +403,6 @@ INLINE_POLL_S = 0.010
 # goes to the thread for INLINE_PAUSE_S.
 INLINE_STRIKES = 3
 INLINE_PAUSE_S = 10.0
-
-
-class _PollClock:
-    """When the event loop last polled its sockets (time.monotonic): set by a check
-    watcher, which libev runs right after each poll. (The loop's own `now()` will not
-    do: gevent.sleep and the callback runner update it in the middle of a turn.)"""
-
-    def __init__(self, loop):
-        self.at = time.monotonic()
-        self._watcher = loop.check(ref=False)
-        self._watcher.start(self._polled)
-
-    def _polled(self) -> None:
-        self.at = time.monotonic()
-
-
-_clocks: dict = {}
-
-
-def poll_clock() -> _PollClock:
-    """The running loop's poll clock (one a loop, made on first use)."""
-    loop = get_hub().loop
-    clock = _clocks.get(id(loop))
-    if clock is None or clock._watcher.loop is not loop:
-        clock = _clocks[id(loop)] = _PollClock(loop)
-    return clock
-
-
-def yield_cpu_to_the_loop() -> None:
-    """Lower the calling thread's CPU priority (Linux: nice applies per thread)."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + INFERENCE_NICE)
-    except (AttributeError, OSError) as e:  # not Linux, or a sandbox that forbids it
-        log.debug("inference thread keeps its priority: %s", e)
 
 
 def _holding(lock, fn, args):
