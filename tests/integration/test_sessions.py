@@ -327,7 +327,8 @@ def test_metrics_and_the_access_line_tell_the_sessions(server):
     opened = _metric(server, "smserve_sessions_total", how="opened")
     sid = open_session(server.url, "counted")
     invoke(server.url, sid, 1)
-    assert wait_until(lambda: _metric(server, "smserve_sessions_total", how="opened") == opened + 1)
+    # (>=: the other worker's earlier opens may reach its file only now: each writes once a second)
+    assert wait_until(lambda: _metric(server, "smserve_sessions_total", how="opened") >= opened + 1)
     assert _metric(server, "smserve_sessions_open") >= 1 and _metric(server, "smserve_session_state_bytes") > 0
     assert wait_until(lambda: f"session={sid}" in server.log())
 
