@@ -434,8 +434,7 @@ def test_a_killed_workers_sessions_are_refused_never_served_without_their_state(
             elif answer is not None:
                 assert sid == doomed and answer.status_code == 400 and doomed in answer.json()["error"], answer.text
                 refused += 1
-            else:
-                assert sid == doomed
+            # (None: a connection the victim held when it died, whichever session's request it carried.)
         assert refused > 0
         assert wait_until(lambda: len(worker_pids(server)) == 2 and victim not in worker_pids(server), timeout=60)
         after = invoke(server.url, doomed, 99)

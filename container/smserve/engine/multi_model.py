@@ -367,9 +367,9 @@ def _prepare() -> None:
     rehearsal that fails only leaves those modules to the first load."""
     import torch
 
-    from smserve.engine import loaded_model
+    from smserve.engine import derived, loaded_model
 
-    quiet = logging.getLogger(loaded_model.__name__)
+    quiet = [logging.getLogger(module.__name__) for module in (loaded_model, derived)]
     try:
         with tempfile.TemporaryDirectory(prefix="smserve-rehearsal-") as folder, warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -380,11 +380,13 @@ def _prepare() -> None:
                 path = os.path.join(folder, sub)
                 os.mkdir(path)
                 save(path)
-                quiet.disabled = True
+                for logger in quiet:
+                    logger.disabled = True
                 try:
                     loaded_model.load_and_warm(path, torch.device("cpu"))
                 finally:
-                    quiet.disabled = False
+                    for logger in quiet:
+                        logger.disabled = False
     except Exception as e:  # noqa: BLE001 - an optimisation: the server serves without it
         log.warning("multi-model: the start's rehearsal load failed (%s: %s); the first model's load "
                     "brings in what it needs", type(e).__name__, e)
