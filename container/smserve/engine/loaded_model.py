@@ -127,7 +127,7 @@ class LoadedModel:
         """One leaf of a hook's value for the pass: a tensor on this model's device,
         unless it was a numpy array and the user's predict_fn is to read it."""
         if isinstance(leaf, torch.Tensor):
-            return leaf if leaf.device == self.device else leaf.to(self.device, non_blocking=True)
+            return self.on_device(leaf)
         if was_tensor or self.hooks.predict_fn is None:
             return self._tensor(name, leaf)
         if self.staging is not None and self.staging.holds(name, leaf):
@@ -201,15 +201,18 @@ class LoadedModel:
         tensors = {name: self._tensor(name, inputs[name]) for name in inputs}
         if len(tensors) == 1:
             return next(iter(tensors.values()))
-        # Positional order is the model's, not the request's.
-        ordered = [spec.name for spec in self.metadata.inputs if spec.name in tensors]
-        return {name: tensors[name] for name in ordered + [n for n in tensors if n not in ordered]}
+        return {name: tensors[name] for name in self._in_model_order(tensors)}
+
+    def _in_model_order(self, names) -> tuple[str, ...]:
+        """Input names in the model's positional order (the metadata's), then any others
+        as they came: a request's order is not the model's."""
+        ordered = [spec.name for spec in self.metadata.inputs if spec.name in names]
+        return tuple(ordered + [n for n in names if n not in ordered])
 
     def input_form(self, inputs: dict[str, np.ndarray]) -> tuple[batchable.Form, dict[str, np.ndarray]]:
         """The built-in codecs' named arrays as the leaves of what to_model_input makes
         of them (one tensor, or a dict in the model's order), for the hooks' path."""
-        ordered = [spec.name for spec in self.metadata.inputs if spec.name in inputs]
-        names = tuple(ordered + [n for n in inputs if n not in ordered])
+        names = self._in_model_order(inputs)
         container = batchable.ONE if len(names) == 1 else batchable.DICT
         return batchable.Form(container, names, (True,) * len(names)), {name: inputs[name] for name in names}
 

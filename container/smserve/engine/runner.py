@@ -150,8 +150,7 @@ class Runner:
         if any(is_stream(r) for r in results):
             return self._whole(results, inputs, context, form)
         if form is not None:
-            return batchable.join(results, [min(self.max_batch_size, _rows(inputs) - start)
-                                            for start in range(0, _rows(inputs), self.max_batch_size)])
+            return batchable.join(results, _pass_rows(_rows(inputs), self.max_batch_size))
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     def passes(self, inputs: Arrays) -> int:
@@ -215,12 +214,9 @@ class Runner:
         return _QUEUED
 
     def _queued(self, inputs: Arrays, form=None) -> Iterator[Arrays]:
-        rows = _rows(inputs)
-        chunks = [
-            _Pending({k: v[start : start + self.max_batch_size] for k, v in inputs.items()},
-                     min(self.max_batch_size, rows - start), form)
-            for start in range(0, max(rows, 1), self.max_batch_size)
-        ]
+        size = self.max_batch_size
+        chunks = [_Pending({k: v[i * size : i * size + rows] for k, v in inputs.items()}, rows, form)
+                  for i, rows in enumerate(_pass_rows(_rows(inputs), size))]
         self.stats.pending(1)
         try:
             for chunk in chunks:
@@ -466,6 +462,12 @@ def records_in(data) -> int:
 
 def _concatenate(name: str, parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts)
+
+
+def _pass_rows(rows: int, size: int) -> list[int]:
+    """The records of each pass a request of `rows` records takes at `size` a pass (one
+    pass of 0 for an empty request)."""
+    return [min(size, rows - start) for start in range(0, max(rows, 1), size)]
 
 
 def _rows(inputs: Arrays) -> int:
