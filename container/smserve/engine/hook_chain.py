@@ -30,8 +30,10 @@ class HookChain:
     def input(self, message):
         """input_fn's value for the message (on a hook thread), or NotImplemented when
         it hands the body back to the built-in codecs."""
-        model = self.server.model
-        return self.server.on_hook_thread(_run_input_fn, model, message)
+        server = self.server
+        hooks = server.model.hooks
+        context = server.hook_context(message) if hooks.input_context else None
+        return server.on_hook_thread(_run_input_fn, server.model, message, context)
 
     def answer(self, value, message, accept: str, encode, decoded: bool = False):
         """The answer to one request whose data is value: input_fn's, or the built-in
@@ -47,7 +49,8 @@ class HookChain:
             return prediction
         if hooks.output_fn is None:
             return server.codec(sum(getattr(a, "nbytes", 0) for a in prediction.values()), encode, prediction)
-        answer = server.on_hook_thread(_run_output_fn, model, prediction, accept, message)
+        context = server.hook_context(message) if hooks.output_context else None
+        answer = server.on_hook_thread(_run_output_fn, model, prediction, accept, context)
         if answer is NotImplemented:
             return server.on_hook_thread(lambda: encode(model.outputs_to_numpy(prediction)))
         return answer
@@ -60,7 +63,7 @@ class HookChain:
             form, leaves = model.input_form(value)
             if batched:
                 return runner.infer(leaves, None, form)
-            context = message.context if hooks.predict_context else None
+            context = self.server.hook_context(message) if hooks.predict_context else None
             return runner.call_pass(model.predict, leaves, context, form, records=lambda: records_in(leaves))
         if batched:
             try:
@@ -71,7 +74,7 @@ class HookChain:
                                "or array with the batch along dimension 0 (or a tuple, list or dict of them)", e)
             else:
                 return runner.infer(leaves, None, form)
-        context = message.context if hooks.predict_context else None
+        context = self.server.hook_context(message) if hooks.predict_context else None
         return runner.call_pass(model.predict_value, value, context, records=lambda: records_in(value))
 
     def _batch(self, model, value):
@@ -95,25 +98,27 @@ class HookChain:
             log.warning(message, *args)
 
 
-def _run_input_fn(model, message):
-    """On a hook thread: the user's input_fn, its failure named."""
+def _run_input_fn(model, message, context):
+    """On a hook thread: the user's input_fn, its failure named (context: None for an
+    input_fn that takes none)."""
     model.bind_thread()
     hooks = model.hooks
     try:
-        if hooks.input_context:
-            return hooks.input_fn(message.body, message.content_type, message.context)
+        if context is not None:
+            return hooks.input_fn(message.body, message.content_type, context)
         return hooks.input_fn(message.body, message.content_type)
     except Exception as e:  # noqa: BLE001 - every failure is answered, naming the hook
         raise hook_error("input_fn", e, client_fault=True) from e
 
 
-def _run_output_fn(model, prediction, accept: str, message) -> tuple[bytes, str]:
-    """On a hook thread: the user's output_fn -> (body, media type)."""
+def _run_output_fn(model, prediction, accept: str, context) -> tuple[bytes, str]:
+    """On a hook thread: the user's output_fn -> (body, media type) (context: None for
+    an output_fn that takes none)."""
     model.bind_thread()
     hooks = model.hooks
     try:
-        if hooks.output_context:
-            result = hooks.output_fn(prediction, accept, message.context)
+        if context is not None:
+            result = hooks.output_fn(prediction, accept, context)
         else:
             result = hooks.output_fn(prediction, accept)
     except Exception as e:  # noqa: BLE001

@@ -227,6 +227,7 @@ class ModelServer:
         """The model's open_session(context): a new session's state, on the inference
         thread (it may put tensors on the device)."""
         hook = self.model.hooks.open_session
+        context.device = self.model.device
 
         def run():
             try:
@@ -285,12 +286,16 @@ class ModelServer:
         return self.runner.infer_by_pass(inputs)
 
     def hook_input(self, message):
-        """The model's input_fn's value for the message (on a codec thread), or
+        """The model's input_fn's value for the message (on a hook thread), or
         NotImplemented when it hands the body back to the built-in codecs."""
         self.check_ready()
-        if self.model.hooks.wants_context:
-            message.context.device = self.model.device
         return self.hook_chain.input(message)
+
+    def hook_context(self, message):
+        """The message's context as the model's hooks get it: naming the model's device."""
+        context = message.context
+        context.device = self.model.device
+        return context
 
     def infer_with_hooks(self, value, message, accept: str, encode, decoded: bool = False):
         """The SageMaker hook chain after input_fn (engine/hook_chain.py): value is what
@@ -299,8 +304,6 @@ class ModelServer:
         encoder, when there is none). Returns (body, media type), or the iterator a
         predict_fn returned (to stream: what it returns decides)."""
         self.check_ready()
-        if self.model.hooks.wants_context:
-            message.context.device = self.model.device
         return self.hook_chain.answer(value, message, accept, encode, decoded)
 
     def stream_items(self, iterator, stream_format) -> Iterator[bytes]:

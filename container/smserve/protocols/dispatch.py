@@ -337,7 +337,7 @@ def _predict_context(server, message: Message | None):
     alone (an unbatched model); None otherwise, and then none is made."""
     if message is None or not server.predict_context:
         return None
-    return message.context
+    return server.hook_context(message)
 
 
 def _lines_by_pass(server, by_pass, accept: str, labels) -> Iterator[bytes]:
