@@ -40,7 +40,7 @@ UNMATCHED = "unmatched"
 class Answered:
     """What the access line says of a request: filled in as the answer takes shape."""
 
-    __slots__ = ("status", "sent", "quiet", "environ", "route", "session")
+    __slots__ = ("status", "sent", "quiet", "environ", "route", "headers")
 
     def __init__(self):
         self.status = 0
@@ -48,7 +48,7 @@ class Answered:
         self.quiet = False  # a health check: a success is logged at DEBUG
         self.environ = None  # the WSGI environ, when the app answered
         self.route = None  # the matched route's pattern: the metrics' bounded label, never the raw path
-        self.session = None  # the stateful session the answer opened (a NEW_SESSION request's new ID)
+        self.headers = None  # the route's answer's headers (a NEW_SESSION answer's new ID is read there)
 
 
 def peer(addr) -> str:
@@ -69,20 +69,20 @@ def request_environ(req, addr) -> dict:
     return environ
 
 
-def opened_session(headers) -> str | None:
+def _opened_session(headers) -> str | None:
     """The ID a NEW_SESSION request's answer opened (its New-Session-Id header), else None."""
-    for name, value in headers:
+    for name, value in headers or ():
         if name.lower() == _NEW_SESSION_HEADER:
             return value.split(";", 1)[0]
     return None
 
 
 def log_request(environ: dict | Callable[[], dict], status: int, sent: int, started: float, quiet: bool = False,
-                route: str | None = None, session: str | None = None) -> None:
+                route: str | None = None, headers=None) -> None:
     """quiet: a health check's route, whose success SageMaker asks for every few seconds.
     route: the pattern of the route that answered (None: none did; the Flask app's
-    own rule, if it has one, then names it). session: the stateful session the answer
-    opened (else the request's own session header says which it was in)."""
+    own rule, if it has one, then names it). headers: the answer's, where a NEW_SESSION
+    request's answer names the session it opened (only read for such a request)."""
     seconds = time.monotonic() - started
     if route is None:
         environ = _made(environ)
@@ -111,7 +111,9 @@ def log_request(environ: dict | Callable[[], dict], status: int, sent: int, star
     request_id = _first(environ, REQUEST_ID_KEYS)
     if request_id is not None:
         fields["request_id"] = request_id
-    session = session or _first(environ, (SESSION_KEY,))
+    session = _first(environ, (SESSION_KEY,))
+    if session == session_ids.NEW_SESSION:
+        session = _opened_session(headers) or session
     if session is None:
         log.log(level, '%s "%s %s" %d %d %.1fms id=%s', fields["remote"], _quotable(method), _quotable(path), status,
                 sent, latency_ms, _token(inference_id), extra={"fields": fields})

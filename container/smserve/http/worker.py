@@ -348,7 +348,7 @@ class GeventModelWorker(base.Worker):
             return self._serve_request(listener_name, req, sock, addr, parser, answered)
         finally:
             access.log_request(answered.environ or (lambda: access.request_environ(req, addr)), answered.status,
-                               answered.sent, started, answered.quiet, answered.route, answered.session)
+                               answered.sent, started, answered.quiet, answered.route, answered.headers)
 
     def _open_session(self, req, sock, addr, parser, started) -> bool:
         if len(self.connections) > self.max_connections:
@@ -446,7 +446,7 @@ class GeventModelWorker(base.Worker):
             answer = self.routes.dispatch(route, Request(req.method, req.path, joined_headers(req), body, params,
                                                          req.query))
             answered.quiet = route.quiet
-            answered.session = access.opened_session(answer.headers)
+            answered.headers = answer.headers
             if not answer.streamed:
                 return self._send_answer(req, sock, sender, parser, answer, last or req.should_close(), answered)
             resp = wsgi.Response(req, sender, self.cfg)
