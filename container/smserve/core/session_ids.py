@@ -84,6 +84,11 @@ def owner(value: str | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def expires_text(expires_at: float) -> str:
+    """An expiry (time.time() seconds) as Expires writes it, in UTC."""
+    return time.strftime(EXPIRES_FORMAT, time.gmtime(expires_at))
+
+
 def new_session_header(session_id: str, expires_at: float) -> str:
-    """The New-Session-Id value: the ID and its expiry (time.time() seconds, UTC)."""
-    return f"{session_id}; Expires={time.strftime(EXPIRES_FORMAT, time.gmtime(expires_at))}"
+    """The New-Session-Id value: the ID and its expiry."""
+    return f"{session_id}; Expires={expires_text(expires_at)}"

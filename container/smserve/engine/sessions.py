@@ -71,7 +71,7 @@ class Session:
     @property
     def expires(self) -> str:
         """When it expires, as Expires says it (UTC)."""
-        return time.strftime(session_ids.EXPIRES_FORMAT, time.gmtime(self.expires_at))
+        return session_ids.expires_text(self.expires_at)
 
 
 class SessionTable:
