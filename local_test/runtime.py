@@ -69,14 +69,14 @@ def model_stream_error(message: str, code: str = "StreamBroken") -> bytes:
                           ":content-type": "application/json"}, body)
 
 
-class LocalRuntime:
-    """boto3 -> this stand-in -> the container at `upstream` (http://host:port)."""
+class PostServer:
+    """A local HTTP/1.1 server on a thread of its own (port 0: a free one) whose every
+    POST, recorded in `requests` (method, path, headers, body), goes to post(handler,
+    body). Started and stopped by `with`."""
 
-    def __init__(self, upstream: str, port: int = 0):
-        self.upstream = urlparse(upstream)
-        self.requests: list[dict] = []  # what clients sent: method, path, headers, body
-        self.parts: list[bytes] = []  # the payload parts relayed, in order
-        runtime = self
+    def __init__(self, port: int = 0):
+        self.requests: list[dict] = []
+        owner = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -86,20 +86,19 @@ class LocalRuntime:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                runtime.requests.append({"method": "POST", "path": self.path, "headers": dict(self.headers),
-                                         "body": body})
-                found = _PATH.match(self.path)
-                if found is None:
-                    self.send_error(404)
-                    return
-                runtime._relay(self, body, streaming=found.group(2) != "invocations")
+                owner.requests.append({"method": "POST", "path": self.path, "headers": dict(self.headers),
+                                       "body": body})
+                owner.post(self, body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def start(self) -> "LocalRuntime":
+    def post(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        raise NotImplementedError
+
+    def start(self):
         self._thread.start()
         return self
 
@@ -107,11 +106,27 @@ class LocalRuntime:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> "LocalRuntime":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class LocalRuntime(PostServer):
+    """boto3 -> this stand-in -> the container at `upstream` (http://host:port)."""
+
+    def __init__(self, upstream: str, port: int = 0):
+        super().__init__(port)
+        self.upstream = urlparse(upstream)
+        self.parts: list[bytes] = []  # the payload parts relayed, in order
+
+    def post(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        found = _PATH.match(handler.path)
+        if found is None:
+            handler.send_error(404)
+            return
+        self._relay(handler, body, streaming=found.group(2) != "invocations")
 
     def _relay(self, handler: BaseHTTPRequestHandler, body: bytes, streaming: bool) -> None:
         headers = {"Content-Type": handler.headers.get("Content-Type", "application/octet-stream")}
