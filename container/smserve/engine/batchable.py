@@ -80,15 +80,29 @@ def flatten(value, positional_names: Sequence[str] = ()) -> tuple[Form, dict[str
         raise NotBatchable(f"it is {_described(value)}, not a tensor or array (or a tuple, list or dict of them)")
     rows = set()
     for name, leaf in named:
+        if is_tensor(leaf):
+            _check_tensor(name, leaf)
+        elif leaf.dtype == object:
+            raise NotBatchable(f"{name!r} holds Python objects")
         if leaf.ndim == 0:
             raise NotBatchable(f"{name!r} is a scalar: it has no dimension 0 to batch along")
-        if leaf.dtype == object:
-            raise NotBatchable(f"{name!r} holds Python objects")
         rows.add(int(leaf.shape[0]))
     if len(rows) > 1:
         raise NotBatchable(f"its leaves disagree on dimension 0 ({sorted(rows)})")
     form = Form(container, tuple(name for name, _ in named), tuple(is_tensor(leaf) for _, leaf in named))
     return form, {name: _as_numpy(leaf) for name, leaf in named}
+
+
+def _check_tensor(name: str, leaf) -> None:
+    """Only a dense tensor is cut and joined along dimension 0 by the batcher; any other
+    runs alone, as the model's own value (a sparse tensor's rows are not a slice of
+    memory, a nested tensor has no one shape, a quantized one has a scale of its own)."""
+    if leaf.is_nested:
+        raise NotBatchable(f"{name!r} is a nested tensor: its rows have no common shape")
+    if str(leaf.layout) != "torch.strided":
+        raise NotBatchable(f"{name!r} is a {str(leaf.layout).removeprefix('torch.')} tensor, not a dense one")
+    if leaf.is_quantized:
+        raise NotBatchable(f"{name!r} is a quantized tensor: its scale is its own, not a batch's")
 
 
 def _name(names: Sequence[str], i: int, count: int) -> str:
@@ -105,10 +119,13 @@ def _described(value) -> str:
 
 def _as_numpy(leaf):
     """A CPU tensor of a numeric dtype as a numpy view of its memory (torch.from_numpy
-    gives the same tensor back); any other leaf as it is."""
-    if isinstance(leaf, np.ndarray) or not is_tensor(leaf):
-        return leaf
-    if leaf.device.type != "cpu" or leaf.is_complex() or leaf.is_quantized or str(leaf.layout) != "torch.strided":
+    gives the same tensor back); an array in the machine's byte order (torch takes no
+    other, and requests batch together only when their dtypes agree); any other leaf
+    as it is: a tensor of a dtype numpy lacks (bfloat16, the float8 kinds) batches in
+    torch."""
+    if isinstance(leaf, np.ndarray):
+        return leaf if leaf.dtype.isnative else leaf.astype(leaf.dtype.newbyteorder("="))
+    if leaf.device.type != "cpu" or leaf.is_complex() or leaf.is_conj() or leaf.is_neg():
         return leaf
     try:
         array = leaf.detach().numpy()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from smserve.engine import batchable
+from smserve.engine import batchable, main_lane
 from smserve.engine.hooks import hook_error
 from smserve.engine.runner import records_in
 
@@ -67,7 +67,8 @@ class HookChain:
             return runner.call_pass(model.predict, leaves, context, form, records=lambda: records_in(leaves))
         if batched:
             try:
-                form, leaves = self._batch(model, value)
+                # What input_fn returned is looked at where torch may raise (main_lane.py).
+                form, leaves = main_lane.call(self._batch, model, value)
             except batchable.NotBatchable as e:
                 self._say_once(type(value).__name__, "input_fn returned a value the batcher cannot batch (%s): such "
                                "requests run alone, one forward pass each. To batch them with others, return a tensor "
@@ -75,7 +76,8 @@ class HookChain:
             else:
                 return runner.infer(leaves, None, form)
         context = self.server.hook_context(message) if hooks.predict_context else None
-        return runner.call_pass(model.predict_value, value, context, records=lambda: records_in(value))
+        return runner.call_pass(model.predict_value, value, context,
+                                records=lambda: main_lane.call(records_in, value))
 
     def _batch(self, model, value):
         """input_fn's value as the runner's named leaves, checked against what
@@ -129,7 +131,9 @@ def _run_output_fn(model, prediction, accept: str, context) -> tuple[bytes, str]
     if isinstance(body, str):
         return body.encode(), media
     try:
-        return bytes(body), media
-    except TypeError:
+        # Through a buffer, never bytes(body): bytes(n) of an int (or a one-element
+        # tensor) is n zero bytes, an allocation the value chooses.
+        return memoryview(body).tobytes(), media
+    except (TypeError, ValueError, BufferError):
         raise hook_error("output_fn", TypeError(f"it returned a {type(body).__name__}: return bytes or a str, "
                                                 "or (body, content type)"), client_fault=False) from None

@@ -91,17 +91,20 @@ class LoadedModel:
         the built-in decoding, for its hooks): rebuilt as it was, its tensors on this
         model's device, and the prediction comes back as predict_fn made it when an
         output_fn is to read it."""
-        if form is None:
-            data = self.to_model_input(inputs)
-        else:
-            data = form.rebuild({name: self._leaf(name, leaf, was_tensor)
-                                 for (name, leaf), was_tensor in zip(inputs.items(), form.tensors)})
+        with _converting("the model's input"):
+            if form is None:
+                data = self.to_model_input(inputs)
+            else:
+                data = form.rebuild({name: self._leaf(name, leaf, was_tensor)
+                                     for (name, leaf), was_tensor in zip(inputs.items(), form.tensors)})
         return self.answer(self.predict_data(data, context), raw=form is not None)
 
     def predict_value(self, value, context=None):
         """Run the model (or predict_fn) on what input_fn returned when it is no batch
         (engine/batchable.py): whole, its tensors moved to this model's device."""
-        return self.answer(self.predict_data(self.on_device(value), context), raw=True)
+        with _converting("what input_fn returned"):
+            data = self.on_device(value)
+        return self.answer(self.predict_data(data, context), raw=True)
 
     def answer(self, prediction, raw: bool):
         """The prediction as the server goes on with it: an iterator to stream as it is,
@@ -187,8 +190,13 @@ class LoadedModel:
             if not arguments or not all(isinstance(t, torch.Tensor) or _tensors_list(t) for t in arguments):
                 raise BadRequest("this model takes numeric tensors; BYTES inputs, and an input_fn's other values, "
                                  "need a predict_fn in code/inference.py")
-            with torch.inference_mode():
-                return self.model(*arguments)
+            try:
+                with torch.inference_mode():
+                    return self.model(*arguments)
+            except HTTPError:
+                raise
+            except Exception as e:  # named for the answer, as the batcher's passes are (runner._guarded)
+                raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
 
     def precision(self):
         """torch.autocast in SMSERVE_AUTOCAST's precision, or nothing."""
@@ -228,14 +236,20 @@ class LoadedModel:
             self.staging.copied(name, self.device)
             return tensor
         flags = array.flags
-        if not flags.writeable or not flags.aligned:
+        if not flags.writeable or not flags.aligned or any(step < 0 for step in array.strides):
             # Views on the request body are read-only; torch wants memory it may write
-            # (and warns of any other).
+            # (and warns of any other), and takes no reversed view.
             array = array.copy()
+        if not array.dtype.isnative:  # torch takes the machine's byte order only
+            array = array.astype(array.dtype.newbyteorder("="))
         tensor = torch.from_numpy(array)
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
     def outputs_to_numpy(self, prediction) -> dict[str, np.ndarray]:
+        with _converting("the model's output"):
+            return self._outputs_to_numpy(prediction)
+
+    def _outputs_to_numpy(self, prediction) -> dict[str, np.ndarray]:
         names = [spec.name for spec in self.metadata.outputs]
         if isinstance(prediction, dict):
             return {str(k): self._declared(str(k), _to_numpy(v)) for k, v in prediction.items()}
@@ -402,13 +416,45 @@ def _is_scalar_list(value) -> bool:
 
 
 def _to_numpy(value) -> np.ndarray:
+    """An output as a numpy array, whatever tensor it is: dense, on the CPU, in a dtype
+    numpy has (bfloat16 and the float8 kinds as float32: BF16 travels as the upper
+    half of float32)."""
     if isinstance(value, torch.Tensor):
         value = value.detach()
-        if value.dtype == torch.bfloat16:
-            # numpy has no bfloat16; BF16 travels as the upper half of float32.
+        if value.device.type == "meta":
+            raise ValueError("it is a meta tensor, which holds no data")
+        if value.is_nested:
+            raise ValueError("it is a nested tensor, whose rows differ in shape: return a dense tensor, "
+                             "or write the answer in an output_fn")
+        if value.layout != torch.strided:
+            value = value.to_dense()
+        if value.is_quantized:
+            value = value.dequantize()
+        value = value.cpu().resolve_conj().resolve_neg()
+        if value.dtype not in _NUMPY_DTYPES:
             value = value.float()
-        return value.cpu().numpy()
-    return np.asarray(value)
+        return value.numpy()
+    array = np.asarray(value)
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
+# The tensor dtypes numpy holds as they are; any other (bfloat16, the float8 kinds)
+# answers as float32.
+_NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
+                 torch.uint32, torch.uint64, torch.float16, torch.float32, torch.float64, torch.complex64,
+                 torch.complex128}
+
+
+@contextlib.contextmanager
+def _converting(what: str):
+    """A value that cannot be made into what comes next (a tensor moved to the device,
+    an output made into an array) is a 500 that says so, never an unhandled error."""
+    try:
+        yield
+    except HTTPError:
+        raise
+    except Exception as e:  # noqa: BLE001 - named for the answer
+        raise ServerError(f"{what} cannot be used: {type(e).__name__}: {e}") from e
 
 
 def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mode: str = "off") -> LoadedModel:

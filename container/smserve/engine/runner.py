@@ -22,7 +22,7 @@ from gevent.queue import Queue
 from gevent import monkey
 
 from smserve import metrics
-from smserve.engine import batchable
+from smserve.engine import batchable, main_lane
 from smserve.engine.hooks import is_stream, user_frames_first
 from smserve.engine.model_thread import ModelThread
 from smserve.engine.priority import poll_clock, yield_cpu_to_the_loop
@@ -40,6 +40,9 @@ _QUEUED = object()  # Runner._direct's answer for a request that goes to the bat
 
 @dataclass
 class _Pending:
+    """One pass's worth of a request: its records, or (past the max batch size) one
+    chunk of them, linked to the next chunk."""
+
     inputs: Arrays
     rows: int
     # None: the built-in codecs' named arrays. Else the form of what a model's input_fn
@@ -48,12 +51,18 @@ class _Pending:
     form: batchable.Form | None = None
     result: AsyncResult = field(default_factory=AsyncResult)
     queued: float = field(default_factory=time.monotonic)
+    # The request's next chunk: queued once the batcher takes this one, behind whatever
+    # other requests wait by then, so that passes of different requests take turns.
+    follow: "_Pending | None" = None
+    signature: tuple = ()
 
-    def signature(self) -> tuple:
-        # Requests batch together only when everything but dimension 0 agrees.
+    def __post_init__(self):
+        # Requests batch together only when everything but dimension 0 agrees. Made
+        # once, where the chunk is made: a tensor's shape is read where torch may raise.
         if self.form is not None:
-            return self.form.signature(self.inputs)
-        return tuple((name, a.dtype.str, a.shape[1:]) for name, a in self.inputs.items())
+            self.signature = self.form.signature(self.inputs)
+        else:
+            self.signature = tuple((name, a.dtype.str, a.shape[1:]) for name, a in self.inputs.items())
 
 
 class Runner:
@@ -150,7 +159,7 @@ class Runner:
         if any(is_stream(r) for r in results):
             return self._whole(results, inputs, context, form)
         if form is not None:
-            return batchable.join(results, _pass_rows(_rows(inputs), self.max_batch_size))
+            return main_lane.call(batchable.join, results, _pass_rows(_rows(inputs), self.max_batch_size))
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     def passes(self, inputs: Arrays) -> int:
@@ -214,17 +223,34 @@ class Runner:
         return _QUEUED
 
     def _queued(self, inputs: Arrays, form=None) -> Iterator[Arrays]:
-        size = self.max_batch_size
-        chunks = [_Pending({k: v[i * size : i * size + rows] for k, v in inputs.items()}, rows, form)
-                  for i, rows in enumerate(_pass_rows(_rows(inputs), size))]
+        """The outputs of each of the request's passes, in order. Its first chunk is
+        queued now, each next one when the batcher takes the one before (_take): a
+        request of 6,000 passes does not stand ahead of one that arrives after its first
+        pass, and a request alone still has its next chunk queued while a pass runs."""
+        # (A model's own tensors are sliced where torch may raise: engine/main_lane.py.)
+        chunks = self._chunks(inputs, form) if form is None else main_lane.call(self._chunks, inputs, form)
         self.stats.pending(1)
         try:
-            for chunk in chunks:
-                self._queue.put(chunk)
+            self._queue.put(chunks[0])
             for chunk in chunks:
                 yield chunk.result.get()
         finally:
             self.stats.pending(-1)
+
+    def _chunks(self, inputs: Arrays, form) -> list[_Pending]:
+        size = self.max_batch_size
+        chunks = [_Pending({k: v[i * size : i * size + rows] for k, v in inputs.items()}, rows, form)
+                  for i, rows in enumerate(_pass_rows(_rows(inputs), size))]
+        for chunk, following in zip(chunks, chunks[1:]):
+            chunk.follow = following
+        return chunks
+
+    def _take(self, item: _Pending) -> _Pending:
+        """The batcher takes item: its request's next chunk queues behind those waiting."""
+        if item.follow is not None:
+            self._queue.put(item.follow)
+            item.follow = None
+        return item
 
     def call_pass(self, fn: Callable, *args, records: Callable[[], int]):
         """fn on the inference thread as one pass outside the batcher (a user's hooks),
@@ -269,7 +295,8 @@ class Runner:
             try:
                 started = time.monotonic()
                 try:
-                    return started, fn(*args)
+                    # On the main greenlet: torch's errors crash any other (engine/main_lane.py).
+                    return started, main_lane.call(fn, *args)
                 finally:
                     held = time.monotonic() - started
                     self._pass_s[bucket] = held
@@ -304,7 +331,7 @@ class Runner:
 
     def _batch_loop(self) -> None:
         while True:
-            first = self._held or self._queue.get()
+            first = self._held or self._take(self._queue.get())
             self._held = None
             self._waiting = first  # (not idle: a full request read meanwhile queues behind it)
             try:
@@ -325,15 +352,15 @@ class Runner:
                     item.result.set_exception(ServerError("inference failed"))
 
     def _next_batch(self, first: _Pending) -> list[_Pending]:
-        batch, rows, signature = [first], first.rows, first.signature()
+        batch, rows, signature = [first], first.rows, first.signature
         deadline = time.monotonic() + self.max_delay_s
         while rows < self.max_batch_size:
             remaining = deadline - time.monotonic()
             try:
-                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                item = self._take(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
             except gevent.queue.Empty:
                 break
-            if rows + item.rows > self.max_batch_size or item.signature() != signature:
+            if rows + item.rows > self.max_batch_size or item.signature != signature:
                 self._held = item
                 break
             batch.append(item)
@@ -357,7 +384,8 @@ class Runner:
         rows = [item.rows for item in batch]
         try:
             _, outputs = self._forward(sum(rows), self._predict_parts, (arrays, form))
-            parts = _split(outputs, rows) if form is None else batchable.split(outputs, rows)
+            # (A model's own prediction is cut where torch may raise: engine/main_lane.py.)
+            parts = _split(outputs, rows) if form is None else main_lane.call(batchable.split, outputs, rows)
         except batchable.Unsplittable as e:
             # Not a request's fault, nor a pass's: the model's answers have no batch
             # dimension. Said once; from now on its requests run alone.

@@ -32,6 +32,7 @@ from gevent.lock import Semaphore
 
 from smserve import metrics
 from smserve.core import session_ids
+from smserve.engine import main_lane
 from smserve.errors import BadRequest, HTTPError, TooManyRequests, Unavailable
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class SessionTable:
         context.session_id = session_id
         state = server.open_session(context)
         session = Session(session_id, server, state, self.ttl_s)
-        self._counted(session, state_size(state))
+        self._counted(session, main_lane.call(state_size, state))
         self._open[session_id] = session
         metrics.stateful_session(OPENED, len(self._open), self.state_bytes)
         if self._sweeper is None:
@@ -152,7 +153,7 @@ class SessionTable:
         context.session (kept as the session's state)."""
         if not session.closed:
             session.state = state
-            self._counted(session, state_size(state))
+            self._counted(session, main_lane.call(state_size, state))
             metrics.session_state(self.state_bytes)
         session.lock.release()
 
@@ -232,7 +233,10 @@ def state_size(state) -> int:
         if value is None or id(value) in seen:
             continue
         seen.add(id(value))
-        nbytes = getattr(value, "nbytes", None)
+        try:
+            nbytes = getattr(value, "nbytes", None)
+        except Exception:  # noqa: BLE001 - a sparse or meta tensor has no storage to count
+            nbytes = _tensor_bytes(value)
         if isinstance(nbytes, int):  # numpy arrays, and torch tensors (element size x count)
             total += nbytes
         elif isinstance(value, (bytes, bytearray, memoryview, str)):
@@ -249,3 +253,16 @@ def state_size(state) -> int:
         else:
             total += sys.getsizeof(value)
     return total
+
+
+def _tensor_bytes(value) -> int | None:
+    """What a tensor without one storage holds (a sparse one's values and indices, a
+    nested one's buffer), or None where it holds no data (meta) or is no tensor."""
+    try:
+        if getattr(value, "is_sparse", False):  # COO: its values and their indices
+            return sum(int(t.element_size() * t.numel()) for t in (value._values(), value._indices()))
+        if value.device.type == "meta":
+            return 0
+        return int(value.element_size() * value.numel())
+    except Exception:  # noqa: BLE001 - counted as an object instead
+        return None

@@ -52,6 +52,7 @@ from gunicorn.http import errors as http_errors
 from gunicorn.http import wsgi
 from gunicorn.workers import base
 
+from smserve.engine import main_lane
 from smserve.http import access
 from smserve.http.handoff import Handoff, session_owner
 from smserve.http.head import PlainHeadParser
@@ -146,6 +147,11 @@ class GeventModelWorker(base.Worker):
     # ------------------------------------------------------------ main loop
 
     def run(self):
+        # The worker's life runs in a greenlet; the main greenlet serves the main lane,
+        # the one place on this thread where torch may run (engine/main_lane.py).
+        main_lane.run(self._live)
+
+    def _live(self):
         self.listener_names = {listener: listener.getsockname() for listener in self.sockets}
         self.index = self.model_server.worker_index
         if self.cfg.workers > 1 and self.model_server.state_dir:

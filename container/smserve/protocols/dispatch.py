@@ -10,6 +10,7 @@ so the event loop only moves bytes.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -19,7 +20,7 @@ from smserve.core.context import RequestContext
 from smserve.core.inference import InferenceRequest
 from smserve.core.reply import Reply
 from smserve.engine.hooks import is_stream
-from smserve.errors import BadRequest, NotAcceptable, ServerError, UnsupportedMediaType
+from smserve.errors import BadRequest, HTTPError, NotAcceptable, ServerError, UnsupportedMediaType
 from smserve.protocols.negotiation import default_accept, negotiate, preferred
 from smserve.settings import Settings
 from smserve.protocols import streams
@@ -157,7 +158,26 @@ def v2_reply(server, inference: InferenceRequest, sagemaker: bool, message: Mess
 
 
 def _encode_v2(inference, results, metadata):
-    return v2.encode_response(v2.build_response(inference, results, metadata))
+    with _writing("the KServe v2 answer"):
+        return v2.encode_response(v2.build_response(inference, results, metadata))
+
+
+def encode_simple(outputs, accept: str, labels=None):
+    """simple.encode, its failures on a model's outputs answered as such."""
+    with _writing(accept):
+        return simple.encode(outputs, accept, labels)
+
+
+@contextlib.contextmanager
+def _writing(what: str):
+    """An output the answer's format has no room for (complex numbers in JSON, a dtype
+    of the model's own) is a 500 that says so, never an unhandled error."""
+    try:
+        yield
+    except HTTPError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ServerError(f"the model's outputs cannot be written as {what}: {type(e).__name__}: {e}") from e
 
 
 # ---------------------------------------------------------------- the model's hooks
@@ -216,7 +236,7 @@ class Hooks(Protocol):
         def encode(outputs):
             if refusal is not None:
                 raise refusal
-            return simple.encode(outputs, builtin, labels)
+            return encode_simple(outputs, builtin, labels)
 
         # The user's output_fn may speak types we do not: it gets the client's first choice.
         accept = preferred(message.accept, default) if hooks.output_fn is not None else builtin
@@ -321,14 +341,14 @@ def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
         first = next(by_pass)
         if is_stream(first):  # (a predict_fn that streams: the whole request's one iterator)
             return streamed_reply(server, message, first)
-        payload, _ = server.codec(_nbytes(first), simple.encode, first, accept, labels)
+        payload, _ = server.codec(_nbytes(first), encode_simple, first, accept, labels)
         return Reply(_resumed(payload, _lines_by_pass(server, by_pass, accept, labels)), {"Content-Type": accept})
     outputs = server.infer(inputs, _predict_context(server, message))
     if is_stream(outputs):
         return streamed_reply(server, message, outputs)
     if refusal is not None:
         raise refusal
-    payload, media_type = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
+    payload, media_type = server.codec(_nbytes(outputs), encode_simple, outputs, accept, labels)
     return Reply(payload, {"Content-Type": media_type})
 
 
@@ -349,7 +369,7 @@ def _lines_by_pass(server, by_pass, accept: str, labels) -> Iterator[bytes]:
                 server.close_stream(outputs)
                 raise ServerError("predict_fn returned an iterator for a pass of a request whose first pass it "
                                   "answered with arrays: a streamed answer must come from one call")
-            payload, _ = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
+            payload, _ = server.codec(_nbytes(outputs), encode_simple, outputs, accept, labels)
             yield payload
     finally:
         by_pass.close()

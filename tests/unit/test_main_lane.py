@@ -1,0 +1,61 @@
+"""The main lane: torch work from the loop's greenlets runs on the main greenlet, where a
+torch error unwinds the thread's own stack and is raised as an exception to the caller."""
+
+import threading
+
+import gevent
+import pytest
+import torch
+from greenlet import getcurrent
+
+from smserve.engine import main_lane
+
+
+def where() -> tuple[bool, int]:
+    return getcurrent().parent is None, threading.get_ident()
+
+
+def test_a_greenlets_call_runs_on_the_main_greenlet_and_its_torch_error_is_raised_to_it():
+    def body():
+        def one(i):
+            on_main, thread = main_lane.call(where)
+            with pytest.raises(TypeError, match="BFloat16"):
+                main_lane.call(lambda: torch.zeros(2, dtype=torch.bfloat16).numpy())
+            return i, on_main, thread
+
+        return [g.value for g in gevent.joinall([gevent.spawn(one, i) for i in range(20)], raise_error=True)]
+
+    results = main_lane.run(body)
+    assert [r[0] for r in results] == list(range(20))
+    assert all(on_main and thread == threading.get_ident() for _, on_main, thread in results)
+
+
+def test_a_call_made_while_the_main_greenlet_is_busy_waits_its_turn():
+    order = []
+
+    def blocks():  # a call that waits on the hub: others queue meanwhile
+        order.append("first starts")
+        gevent.sleep(0.01)
+        order.append("first ends")
+        return 1
+
+    def body():
+        first = gevent.spawn(main_lane.call, blocks)
+        gevent.sleep(0)
+        second = gevent.spawn(main_lane.call, lambda: order.append("second") or 2)
+        return first.get(), second.get()
+
+    assert main_lane.run(body) == (1, 2)
+    assert order == ["first starts", "first ends", "second"]
+
+
+def test_the_bodys_exception_is_raised_by_run_and_the_lane_can_serve_again():
+    with pytest.raises(ValueError, match="body failed"):
+        main_lane.run(lambda: (_ for _ in ()).throw(ValueError("body failed")))
+    assert main_lane.run(lambda: gevent.spawn(main_lane.call, where).get())[0]
+
+
+def test_without_a_served_lane_a_greenlets_call_runs_on_a_real_thread():
+    _, thread = gevent.spawn(main_lane.call, where).get()
+    assert thread != threading.get_ident()
+    assert main_lane.call(where) == (True, threading.get_ident())  # the main greenlet itself: here
