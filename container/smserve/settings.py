@@ -88,6 +88,12 @@ class Settings:
     # A stateful session expires this long after it opened (its Expires; use does not
     # renew it: SageMaker routes by that Expires).
     session_ttl_s: float = 1200.0
+    # A worker full of sessions closes one idle this long (the longest idle) to open a
+    # new one: one client's burst of NEW_SESSION cannot lock everyone out for the TTL.
+    session_idle_s: float = 120.0
+    # What the sessions' state may hold in a worker, as it is counted: the request that
+    # grows it past this is answered 507 and its session closed.
+    session_state_mb: int = 1024
     # Requests whose decode or encode cost grows with the body run on this many
     # codec threads, off the event loop.
     codec_threads: int = 2
@@ -288,6 +294,8 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "max_connections": (PREFIX + "MAX_CONNECTIONS", _positive_int),
     "max_sessions": (PREFIX + "MAX_SESSIONS", _positive_int),
     "session_ttl_s": (PREFIX + "SESSION_TTL_S", _seconds),
+    "session_idle_s": (PREFIX + "SESSION_IDLE_S", _seconds),
+    "session_state_mb": (PREFIX + "SESSION_STATE_MB", _positive_int),
     "codec_threads": (PREFIX + "CODEC_THREADS", _positive_int),
     "hook_threads": (PREFIX + "HOOK_THREADS", _positive_int),
     "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),

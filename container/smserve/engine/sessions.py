@@ -17,13 +17,19 @@ in flight have finished.
   said; use does not renew it: SageMaker routes by that Expires, and a session kept
   past it here would be one that no request could reach. A request in flight at the
   expiry finishes with its state; the session closes after it.
-- A worker holds at most SMSERVE_MAX_SESSIONS of them (429 past it, saying when the
-  next one expires). Their state's memory is counted where it can be (tensors,
-  arrays, bytes, strings, and the containers holding them) for /metrics.
+- A worker holds at most SMSERVE_MAX_SESSIONS of them. A worker that is full closes
+  the session idle longest, if one has been idle SMSERVE_SESSION_IDLE_S, to open a new
+  one (close_session's reason: idle); else the new one is a 429 saying when one may
+  end. Their state's memory is counted where it can be (tensors, arrays, bytes,
+  strings, and the containers holding them) for /metrics, and bounded: the request
+  whose state takes the worker's sessions past SMSERVE_SESSION_STATE_MB is answered
+  507 and its session closed (reason: memory), the others untouched.
+- A request naming a session closed for being idle or for its memory is told so (400).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import sys
 import time
@@ -33,7 +39,7 @@ from gevent.lock import Semaphore
 from smserve import metrics
 from smserve.core import session_ids
 from smserve.engine import main_lane
-from smserve.errors import BadRequest, HTTPError, TooManyRequests, Unavailable
+from smserve.errors import BadRequest, HTTPError, InsufficientStorage, TooManyRequests, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +49,14 @@ SWEEP_S = 0.5
 # more than this many objects in it: a millisecond or two at most.
 MAX_COUNTED_OBJECTS = 2_000
 OPENED, CLOSED, EXPIRED, UNLOADED, SHUTDOWN = "opened", "closed", "expired", "unloaded", "shutdown"
+IDLE, MEMORY = "idle", "memory"
+# How many sessions closed for being idle or for their memory are remembered, so that
+# their next request is told why (the IDs only: a few hundred KB at most).
+REMEMBERED_ENDS = 4096
 
 
 class Session:
-    __slots__ = ("id", "server", "state", "opened_at", "expires_at", "lock", "closed", "state_bytes")
+    __slots__ = ("id", "server", "state", "opened_at", "expires_at", "lock", "closed", "state_bytes", "used_at")
 
     def __init__(self, session_id: str, server, state, ttl_s: float):
         self.id = session_id
@@ -57,6 +67,7 @@ class Session:
         self.lock = Semaphore()  # one request at a time, first come first served
         self.closed = False
         self.state_bytes = 0
+        self.used_at = time.monotonic()  # when its last request was answered (or it opened)
 
     @property
     def model(self) -> str | None:
@@ -79,6 +90,8 @@ class SessionTable:
     def __init__(self, settings, worker_index: int):
         self.ttl_s = settings.session_ttl_s
         self.max_sessions = settings.max_sessions
+        self.idle_s = settings.session_idle_s
+        self.max_state_bytes = settings.session_state_mb * 2**20
         self.wait_s = float(settings.request_timeout)  # the most a request waits for its session's turn
         self.worker_index = worker_index
         self.start = session_ids.start_token()
@@ -86,6 +99,7 @@ class SessionTable:
         self._sweeper = None
         self._expiring: set[str] = set()  # sessions whose close at expiry waits for their turn
         self.state_bytes = 0  # what the open sessions' state holds, as state_size tells it
+        self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()  # ID -> IDLE or MEMORY
 
     def __len__(self) -> int:
         return len(self._open)
@@ -103,11 +117,13 @@ class SessionTable:
             raise BadRequest(f"this model keeps no sessions ({session_ids.SESSION_ID}: {session_ids.NEW_SESSION}): "
                              "its code/inference.py defines no open_session(context) (docs/model.md#stateful-sessions)")
         if len(self._open) >= self.max_sessions:
+            self._close_idlest()
+        if len(self._open) >= self.max_sessions:
             soonest = min(s.expires_at for s in self._open.values())
-            wait = max(1, int(soonest - time.time()) + 1)
-            raise TooManyRequests(f"this worker holds its most sessions ({self.max_sessions}, SMSERVE_MAX_SESSIONS): "
-                                  f"close one, or retry once one expires (the next in {wait} s)",
-                                  headers={"Retry-After": str(wait)})
+            wait = max(1, min(int(soonest - time.time()) + 1, int(self._soonest_idle()) + 1))
+            raise TooManyRequests(f"this worker holds its most sessions ({self.max_sessions}, SMSERVE_MAX_SESSIONS), "
+                                  f"none idle {self.idle_s:g} s (SMSERVE_SESSION_IDLE_S): close one, or retry in "
+                                  f"{wait} s", headers={"Retry-After": str(wait)})
         session_id = session_ids.new_id(self.worker_index, self.start)
         context.session_id = session_id
         state = server.open_session(context)
@@ -123,6 +139,13 @@ class SessionTable:
     def find(self, session_id: str, server) -> Session:
         """The open session of that ID, for a request to server's model; 400 otherwise."""
         session = self._open.get(session_id)
+        if session is None and session_id in self._ended:
+            why = (f"it was closed after {self.idle_s:g} s idle (SMSERVE_SESSION_IDLE_S) to make room for another"
+                   if self._ended[session_id] == IDLE else
+                   f"it was closed when its state took this worker's sessions past {self.max_state_bytes >> 20} MB "
+                   "(SMSERVE_SESSION_STATE_MB)")
+            raise BadRequest(f"session {session_id!r} is not open: {why}; open another with "
+                             f"{session_ids.SESSION_ID}: {session_ids.NEW_SESSION}")
         if session is None:
             theirs = session_ids.parse(session_id)
             why = ("its worker has started again since, and its state went with the old one"
@@ -148,14 +171,47 @@ class SessionTable:
             raise BadRequest(f"session {session.id!r} is not open: {state}"
                              + (f" at {session.expires}" if state == "expired" else ""))
 
-    def release(self, session: Session, state=None) -> None:
+    def release(self, session: Session, state=None) -> HTTPError | None:
         """The request is done with the session: state is what its hooks left as
-        context.session (kept as the session's state)."""
-        if not session.closed:
-            session.state = state
-            self._counted(session, main_lane.call(state_size, state))
-            metrics.session_state(self.state_bytes)
-        session.lock.release()
+        context.session (kept as the session's state). When that state takes the
+        worker's sessions past their memory budget, the session is closed (reason
+        memory) and the 507 its request is owed comes back, for the caller to raise
+        where the answer is still to be made."""
+        over = False
+        try:
+            if not session.closed:
+                session.state = state
+                session.used_at = time.monotonic()
+                self._counted(session, main_lane.call(state_size, state))
+                over = self.state_bytes > self.max_state_bytes
+                if over:
+                    self.close(session, MEMORY, held=True)
+                metrics.session_state(self.state_bytes)
+        finally:
+            session.lock.release()
+        if not over:
+            return None
+        return InsufficientStorage(
+            f"session {session.id!r} is closed: its state took this worker's sessions past "
+            f"{self.max_state_bytes >> 20} MB (SMSERVE_SESSION_STATE_MB); open another with "
+            f"{session_ids.SESSION_ID}: {session_ids.NEW_SESSION}",
+            headers={session_ids.CLOSED_SESSION_ID: session.id})
+
+    def _close_idlest(self) -> None:
+        """A full worker makes room: the session idle longest closes, if it has been
+        idle idle_s and no request of it is waiting or running."""
+        now = time.monotonic()
+        idle = [s for s in self._open.values() if not s.lock.locked() and now - s.used_at >= self.idle_s]
+        if idle:
+            session = min(idle, key=lambda s: s.used_at)
+            log.info("session %s idle %.0f s closed to open another (SMSERVE_SESSION_IDLE_S)", session.id,
+                     now - session.used_at)
+            self.close(session, IDLE)
+
+    def _soonest_idle(self) -> float:
+        """Seconds until an open session could be closed for being idle, if none comes back."""
+        now = time.monotonic()
+        return max(0.0, min(self.idle_s - (now - s.used_at) for s in self._open.values()))
 
     # ------------------------------------------------------------ closing
 
@@ -171,6 +227,10 @@ class SessionTable:
                 return
             session.closed = True
             self._open.pop(session.id, None)
+            if how in (IDLE, MEMORY):
+                self._ended[session.id] = how
+                while len(self._ended) > REMEMBERED_ENDS:
+                    self._ended.popitem(last=False)
             self._counted(session, 0)
             metrics.stateful_session(how, len(self._open), self.state_bytes)
             try:

@@ -40,7 +40,7 @@ from smserve.http import access, turns
 from smserve.http.body import joined_headers
 from smserve.http.sending import SendTimeout, reset_on_close
 from smserve.http.websocket_handshake import (PATH, HandshakeRefused, accept_response, check_handshake,
-                                              offers_websocket)
+                                              check_session, offers_websocket)
 from smserve.streaming.handlers import open_session
 from smserve.streaming.session import CloseReason, Closing, SessionContext
 
@@ -64,6 +64,7 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
     environ = access.request_environ(req, addr)
     try:
         key = check_handshake(req)
+        check_session(worker.model_server, req)
     except HandshakeRefused as refused:
         worker.send_error(sock, refused.status, refused.message, refused.headers)
         access.log_request(environ, refused.status, 0, started, route=PATH)

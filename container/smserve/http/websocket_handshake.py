@@ -9,6 +9,10 @@ from http import HTTPStatus
 
 from wsproto.utilities import generate_accept_token
 
+from smserve.core import session_ids
+from smserve.errors import BadRequest
+from smserve.http.handoff import session_header
+
 # SageMaker's path; the caller may choose another (X-Amzn-SageMaker-Model-Invocation-Path):
 # any path that is not a route of the table takes a handshake (offers_websocket).
 PATH = "/invocations-bidirectional-stream"
@@ -93,3 +97,19 @@ def accept_response(key: str) -> bytes:
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         f"Sec-WebSocket-Accept: {token}\r\n\r\n"
     ).encode("ascii")
+
+
+def check_session(server, req) -> None:
+    """A handshake naming a stateful session (X-Amzn-SageMaker-Session-Id) is held to the
+    rules an HTTP request naming it is: a malformed ID, or one this worker does not hold
+    open (unknown, forged, closed, expired, its predecessor's), is a 400 before any 101.
+    (One another worker holds was handed to it before this: http/handoff.py.)"""
+    value = session_header(req)
+    if value is None:
+        return
+    try:
+        requested = session_ids.requested(value)
+        if requested != session_ids.NEW_SESSION:
+            server.sessions.find(requested, server)
+    except BadRequest as e:
+        raise HandshakeRefused(HTTPStatus.BAD_REQUEST, e.message) from None

@@ -55,7 +55,8 @@ class Catalog:
         self.stateful_sessions_open = Gauge("smserve_sessions_open", "Stateful sessions (SageMaker's SessionId) "
                                             "open now, every worker", multiprocess_mode="livesum", **r)
         self.stateful_sessions = Counter("smserve_sessions", "Stateful sessions by what happened to them: opened, "
-                                         "closed (by the client), expired, unloaded (with their model), shutdown",
+                                         "closed (by the client), expired, unloaded (with their model), shutdown, "
+                                         "idle (to make room), memory (past the state budget)",
                                          ("how",), **r)
         self.handoffs = Counter("smserve_session_handoffs", "Connections handed to the worker that holds their "
                                 "request's stateful session", **r)

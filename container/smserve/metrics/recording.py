@@ -188,7 +188,7 @@ _session_counts: dict = {}  # how -> Count
 
 
 def stateful_session(how: str, open_now: int, state_bytes: int) -> None:
-    """A stateful session opened, or ended (how: closed, expired, unloaded, shutdown);
+    """A stateful session opened, or ended (how: closed, expired, unloaded, shutdown, idle, memory);
     open_now and state_bytes: this worker's, after it. Rare: the gauges are written at once."""
     if _families is None:
         return

@@ -88,17 +88,22 @@ def answer(server, request: Request, message, respond, reply_response) -> Respon
         headers.append((session_ids.CLOSED_SESSION_ID, session.id))
     response.headers.extend(headers)
     # The session's turn lasts until the answer is made: a streamed one's last chunk.
-    return when_answered(response, lambda: _done(table, session, context, closing))
+    return when_answered(response, lambda: _done(table, session, context, closing, response.streamed))
 
 
-def _done(table, session, context, closing: bool) -> None:
+def _done(table, session, context, closing: bool, streamed: bool) -> None:
     """The request is answered: its state kept, the session closed if it asked, and
-    the session's next request may go."""
+    the session's next request may go. A state past the sessions' memory budget closes
+    the session: a body in hand is replaced by the 507; a streamed one has gone out,
+    and the session's next request is told why it is closed."""
+    over = None
     try:
         if closing:
             table.close(session, CLOSED, context, held=True)
     finally:
-        table.release(session, context.session)
+        over = table.release(session, context.session)
+    if over is not None and not streamed:
+        raise over
 
 
 def _control(message) -> str | None:

@@ -1,0 +1,132 @@
+"""What one client can take of a worker's stateful sessions, on a real gunicorn: a worker
+full of sessions closes the one idle longest to open another (SMSERVE_SESSION_IDLE_S),
+the request whose state takes the sessions past their memory (SMSERVE_SESSION_STATE_MB)
+is a 507 that closes its session and no other, and a WebSocket handshake naming a
+session is held to the rules an HTTP request is (400 before any 101)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
+
+from local_test.server_process import ServerProcess
+from tests.helpers.models import model_dir_with
+from tests.helpers.servers import wait_until, worker_pids, ws_url
+
+SESSION = "X-Amzn-SageMaker-Session-Id"
+NEW_ID = "X-Amzn-SageMaker-New-Session-Id"
+CLOSED_ID = "X-Amzn-SageMaker-Closed-Session-Id"
+
+# Each request's "grow" bytes are added to its session's state.
+GROWING_HOOKS = '''
+import json
+import os
+
+import numpy as np
+
+ENDED = os.environ["SESSION_ENDED_LOG"]
+
+
+def model_fn(model_dir):
+    return "growing"
+
+
+def open_session(context):
+    return {"blob": b"", "requests": 0}
+
+
+def close_session(state, context):
+    with open(ENDED, "a") as f:
+        f.write(json.dumps({"id": context.session_id, "how": context.close_reason}) + "\\n")
+
+
+def input_fn(body, content_type, context):
+    data = json.loads(body)
+    if context.session is not None:
+        context.session["blob"] += b"x" * int(data.get("grow", 0))
+        context.session["requests"] += 1
+    return np.array([[context.session["requests"] if context.session is not None else 0]], dtype=np.float32)
+
+
+def predict_fn(data, model):
+    return data
+'''
+
+
+@pytest.fixture
+def server(tmp_path, request):
+    folder = model_dir_with(tmp_path, GROWING_HOOKS, "growing")
+    env = {"SESSION_ENDED_LOG": str(tmp_path / "ended.jsonl"), "SMSERVE_MAX_SESSIONS": "2",
+           "SMSERVE_SESSION_IDLE_S": "1", "SMSERVE_SESSION_STATE_MB": "1", **getattr(request, "param", {})}
+    with ServerProcess(folder, env, log_path=tmp_path / "server.log") as s:
+        s.ended = tmp_path / "ended.jsonl"
+        yield s
+
+
+def invoke(server, session: str, grow: int = 0, **headers) -> requests.Response:
+    return requests.post(server.url + "/invocations", data=json.dumps({"grow": grow}),
+                         headers={"Content-Type": "application/json", SESSION: session, **headers}, timeout=30)
+
+
+def opened(server) -> str:
+    answer = invoke(server, "NEW_SESSION")
+    assert answer.status_code == 200, answer.text
+    return answer.headers[NEW_ID].split(";")[0]
+
+
+def ends(server) -> dict[str, str]:
+    lines = server.ended.read_text().splitlines() if server.ended.exists() else []
+    return {entry["id"]: entry["how"] for entry in map(json.loads, lines)}
+
+
+def test_a_full_worker_closes_its_longest_idle_session_to_open_another(server):
+    first, second = opened(server), opened(server)
+    full = invoke(server, "NEW_SESSION")
+    assert full.status_code == 429 and "SMSERVE_SESSION_IDLE_S" in full.json()["error"], full.text
+    assert 1 <= int(full.headers["Retry-After"]) <= 2  # when one may have been idle long enough
+    assert invoke(server, second).json() == {"predictions": [[2.0]]}  # second is used again: first idles longest
+    third = wait_until(lambda: invoke(server, "NEW_SESSION"), timeout=10, interval=0.2)
+    assert third.status_code == 200, third.text
+    assert ends(server) == {first: "idle"}
+    gone = invoke(server, first)
+    assert gone.status_code == 400 and "idle" in gone.json()["error"] and "SMSERVE_SESSION_IDLE_S" in gone.json()["error"]
+    assert invoke(server, second).json() == {"predictions": [[3.0]]}  # its state went on
+
+
+def test_the_request_that_takes_the_sessions_past_their_memory_is_a_507_that_closes_its_session(server):
+    pids = worker_pids(server)
+    small, big = opened(server), opened(server)
+    assert invoke(server, small, 200_000).status_code == 200
+    over = invoke(server, big, 1_000_000)
+    assert over.status_code == 507 and over.headers[CLOSED_ID] == big, over.text
+    assert "SMSERVE_SESSION_STATE_MB" in over.json()["error"] and big in over.json()["error"]
+    assert wait_until(lambda: ends(server)) == {big: "memory"}
+    gone = invoke(server, big)
+    assert gone.status_code == 400 and "SMSERVE_SESSION_STATE_MB" in gone.json()["error"]
+    assert invoke(server, small).json() == {"predictions": [[3.0]]}  # the other session, untouched
+    assert worker_pids(server) == pids and "was sent SIG" not in server.log()
+    opened(server)  # its memory was given back: room for a new one
+
+
+@pytest.mark.parametrize("value, words", [
+    ("0-aaaaaaaa-" + "0" * 32, ["not open"]),  # our form, never given out
+    ("forged-session", ["not open"]),
+    ("has space", ["must be NEW_SESSION"]),
+])
+def test_a_websocket_handshake_naming_a_session_it_cannot_reach_is_a_400_before_any_101(server, value, words):
+    with pytest.raises(InvalidStatus) as refused:
+        with ws_connect(ws_url(server), additional_headers={SESSION: value}, open_timeout=10):
+            pass
+    response = refused.value.response
+    assert response.status_code == 400
+    error = json.loads(response.body)["error"]
+    assert all(word.lower() in error.lower() for word in words), error
+    live = opened(server)
+    for header in (live, "NEW_SESSION"):  # an open session's ID, or a new one: the handshake goes on
+        with ws_connect(ws_url(server), additional_headers={SESSION: header}, open_timeout=10) as ws:
+            ws.send(json.dumps({"grow": 0}))
+            assert json.loads(ws.recv(timeout=10)) == {"predictions": [[0.0]]}
