@@ -190,13 +190,8 @@ class LoadedModel:
             if not arguments or not all(isinstance(t, torch.Tensor) or _tensors_list(t) for t in arguments):
                 raise BadRequest("this model takes numeric tensors; BYTES inputs, and an input_fn's other values, "
                                  "need a predict_fn in code/inference.py")
-            try:
-                with torch.inference_mode():
-                    return self.model(*arguments)
-            except HTTPError:
-                raise
-            except Exception as e:  # named for the answer, as the batcher's passes are (runner._guarded)
-                raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
+            with torch.inference_mode():
+                return self.model(*arguments)
 
     def precision(self):
         """torch.autocast in SMSERVE_AUTOCAST's precision, or nothing."""

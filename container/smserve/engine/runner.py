@@ -256,7 +256,11 @@ class Runner:
         """fn on the inference thread as one pass outside the batcher (a user's hooks),
         counted as the batcher counts its passes. records(): how many records the pass
         held, asked once it ended well."""
-        return self._counted(lambda: self.call(_timed, fn, args)[:2], records)
+        try:
+            return self._counted(lambda: self.call(_timed, _named_failure, (fn, args))[:2], records)
+        except HTTPError as e:
+            log_model_failure(e)
+            raise
 
     def _pass(self, rows: int, fn: Callable, *args):
         """One forward pass outside the batcher (an unbatched model, a request that
@@ -451,6 +455,17 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
             raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
 
     return run
+
+
+def _named_failure(fn: Callable, args: tuple):
+    """fn(*args), the model's own exceptions a 500 that carries their message, as
+    _guarded makes them for the batcher's passes."""
+    try:
+        return fn(*args)
+    except HTTPError:
+        raise
+    except Exception as e:
+        raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
 
 
 def log_model_failure(error: HTTPError) -> None:
