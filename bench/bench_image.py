@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_image.py [--size 224] [--seconds 8] [--rounds 2] [--concurrency 16]
                                           [--torch-threads 1] [--baseline GIT-REF] [--model-dir build/image]
+                                          [--hook-processes N]
 
 The image example (model/image: ResNet-18, random weights) behind one worker, driven by
 `hey` (apt-get install hey) with --concurrency clients each sending one image a request.
@@ -19,7 +20,9 @@ mean batch size, the figure issue 32 is about (input_fn used to turn batching of
 Rounds alternate the cases on one server, so the machine's drift falls on both alike.
 /ping is polled every 50 ms meanwhile. --baseline REF serves REF's container/ too (its
 `serve`, same model, the JPEG case: before issue 32 an input_fn could not hand .npy to
-the built-in codecs), for a before/after in one run.
+the built-in codecs), for a before/after in one run. --hook-processes N adds the JPEG
+case on a server whose input_fn and output_fn run in N processes of their own
+(SMSERVE_HOOK_PROCESSES), against the hook threads.
 """
 
 from __future__ import annotations
@@ -86,8 +89,9 @@ def measure(server: ServerProcess, body: Path, content_type: str, args) -> dict:
             "ping_failures": pinger.failures}
 
 
-def run_server(label: str, model_dir: Path, serve: Path | None, bodies: dict, args, work: Path) -> dict:
-    env = {"SMSERVE_LOG_LEVEL": "warning", "SMSERVE_TORCH_THREADS": str(args.torch_threads or "")}
+def run_server(label: str, model_dir: Path, serve: Path | None, bodies: dict, args, work: Path,
+               extra_env: dict | None = None) -> dict:
+    env = {"SMSERVE_LOG_LEVEL": "warning", "SMSERVE_TORCH_THREADS": str(args.torch_threads or ""), **(extra_env or {})}
     rows: dict[str, list[dict]] = {case: [] for case in bodies}
     with ServerProcess(model_dir, env, log_path=work / f"{label}.log", serve=serve) as server:
         for case, (path, content_type) in bodies.items():  # warm up: the first passes allocate
@@ -109,6 +113,8 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="SMSERVE_TORCH_THREADS (default 1; 0: the server's own choice, the cores)")
     parser.add_argument("--baseline", metavar="GIT-REF", help="also serve container/ as it was at this commit")
+    parser.add_argument("--hook-processes", type=int, default=0, metavar="N",
+                        help="also serve JPEG with SMSERVE_HOOK_PROCESSES=N")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench_image_"))
@@ -129,19 +135,27 @@ def main() -> None:
         label = args.baseline[:10]
         results[label] = run_server(label, model_dir, checkout(args.baseline, work), {"jpeg": bodies["jpeg"]}, args,
                                     work)
+    if args.hook_processes:
+        label = f"processes {args.hook_processes}"
+        results[label] = run_server("processes", model_dir, None, {"jpeg": bodies["jpeg"]}, args, work,
+                                    {"SMSERVE_HOOK_PROCESSES": str(args.hook_processes)})
 
     print(f"\nimage example (ResNet-18, {size}x{size}), one worker, hey -c {args.concurrency}, "
           f"{args.seconds:g} s x {args.rounds} alternating rounds (medians); JPEG {len(jpeg) / 1024:.0f} KB, "
           f".npy {(work / 'pixels.npy').stat().st_size / 1024:.0f} KB")
-    print(f"{'server':<12} {'case':<5} {'req/s':>8} {'mean batch':>11} {'p50 ms':>8} {'p99 ms':>8} {'/ping p99':>10}")
+    print(f"{'server':<13} {'case':<5} {'req/s':>8} {'mean batch':>11} {'p50 ms':>8} {'p99 ms':>8} {'/ping p99':>10}")
     for label, cases in results.items():
         for case, r in cases.items():
-            print(f"{label:<12} {case:<5} {r['rps']:>8.1f} {r['batch']:>11.2f} {r['p50']:>8.1f} {r['p99']:>8.1f} "
+            print(f"{label:<13} {case:<5} {r['rps']:>8.1f} {r['batch']:>11.2f} {r['p50']:>8.1f} {r['p99']:>8.1f} "
                   f"{r['ping_p99']:>8.1f}ms" + (f"  ({r['ping_failures']:.0f} pings failed)" if r['ping_failures']
                                                 else ""))
     mine = results["this tree"]
     print(f"this tree: jpeg/npy mean batch {mine['jpeg']['batch'] / mine['npy']['batch']:.2f}x, "
           f"req/s {mine['jpeg']['rps'] / mine['npy']['rps']:.2f}x")
+    if args.hook_processes:
+        processes = results[f"processes {args.hook_processes}"]["jpeg"]
+        print(f"jpeg, hook processes / hook threads: req/s {processes['rps'] / mine['jpeg']['rps']:.2f}x, "
+              f"mean batch {processes['batch'] / mine['jpeg']['batch']:.2f}x")
     if args.baseline:
         before = results[args.baseline[:10]]["jpeg"]
         print(f"jpeg, this tree / {args.baseline[:10]}: mean batch {mine['jpeg']['batch'] / before['batch']:.2f}x, "

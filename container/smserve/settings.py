@@ -100,6 +100,9 @@ class Settings:
     # Threads per worker that run the models' input_fn and output_fn (None: the worker's
     # share of the cores, at least 1).
     hook_threads: int | None = None
+    # Processes per worker that run the models' input_fn and output_fn instead (0: off,
+    # they run on the hook threads): each its own GIL (engine/hook_processes.py).
+    hook_processes: int = 0
     torch_threads: int | None = None
     device: str = "auto"
     # Mixed precision around the forward pass (torch.autocast), and torch.compile of
@@ -298,6 +301,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "session_state_mb": (PREFIX + "SESSION_STATE_MB", _positive_int),
     "codec_threads": (PREFIX + "CODEC_THREADS", _positive_int),
     "hook_threads": (PREFIX + "HOOK_THREADS", _positive_int),
+    "hook_processes": (PREFIX + "HOOK_PROCESSES", lambda raw: _whole_number(raw, 0, 256, "must be 0 (off) to 256")),
     "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),
     "device": (PREFIX + "DEVICE", _device),
     "autocast": (PREFIX + "AUTOCAST", _one_of(AUTOCAST_MODES)),

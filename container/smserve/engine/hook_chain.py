@@ -33,7 +33,7 @@ class HookChain:
         server = self.server
         hooks = server.model.hooks
         context = server.hook_context(message) if hooks.input_context else None
-        return server.on_hook_thread(_run_input_fn, server.model, message, context)
+        return server.on_hook_thread(_run_input_fn, server.model, message, context, server.hook_processes)
 
     def answer(self, value, message, accept: str, encode, decoded: bool = False):
         """The answer to one request whose data is value: input_fn's, or the built-in
@@ -50,7 +50,7 @@ class HookChain:
         if hooks.output_fn is None:
             return server.codec(sum(getattr(a, "nbytes", 0) for a in prediction.values()), encode, prediction)
         context = server.hook_context(message) if hooks.output_context else None
-        answer = server.on_hook_thread(_run_output_fn, model, prediction, accept, context)
+        answer = server.on_hook_thread(_run_output_fn, model, prediction, accept, context, server.hook_processes)
         if answer is NotImplemented:
             return server.on_hook_thread(lambda: encode(model.outputs_to_numpy(prediction)))
         return answer
@@ -100,12 +100,14 @@ class HookChain:
             log.warning(message, *args)
 
 
-def _run_input_fn(model, message, context):
+def _run_input_fn(model, message, context, processes=None):
     """On a hook thread: the user's input_fn, its failure named (context: None for an
-    input_fn that takes none)."""
+    input_fn that takes none); in a hook process of the model's where it has them."""
     model.bind_thread()
     hooks = model.hooks
     try:
+        if processes is not None:
+            return processes.input_fn(message.body, message.content_type, context)
         if context is not None:
             return hooks.input_fn(message.body, message.content_type, context)
         return hooks.input_fn(message.body, message.content_type)
@@ -113,13 +115,15 @@ def _run_input_fn(model, message, context):
         raise hook_error("input_fn", e, client_fault=True) from e
 
 
-def _run_output_fn(model, prediction, accept: str, context) -> tuple[bytes, str]:
+def _run_output_fn(model, prediction, accept: str, context, processes=None) -> tuple[bytes, str]:
     """On a hook thread: the user's output_fn -> (body, media type) (context: None for
-    an output_fn that takes none)."""
+    an output_fn that takes none); in a hook process of the model's where it has them."""
     model.bind_thread()
     hooks = model.hooks
     try:
-        if context is not None:
+        if processes is not None:
+            result = processes.output_fn(prediction, accept, context)
+        elif context is not None:
             result = hooks.output_fn(prediction, accept, context)
         else:
             result = hooks.output_fn(prediction, accept)

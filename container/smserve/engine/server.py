@@ -51,6 +51,8 @@ class Pools:
         # no more: two workers with two hook threads each on two cores starved their event
         # loops (/ping p99 55-210 ms at 3,500 req/s through an input_fn; 3-9 ms with one).
         hooks = settings.hook_threads or max(1, hardware.cpu_count() // max(1, workers))
+        # With hook processes, a hook thread only waits on one: as many as there are.
+        hooks = max(hooks, settings.hook_processes)
         return cls(ThreadPool(settings.codec_threads), ThreadPool(settings.max_sessions + 4), ThreadPool(hooks))
 
 
@@ -79,6 +81,7 @@ class ModelServer:
         self.status = LOADING
         self.error: str | None = None
         self.model = None  # LoadedModel once ready
+        self.hook_processes = None  # engine/hook_processes.HookProcesses, when SMSERVE_HOOK_PROCESSES asks
 
     # ------------------------------------------------------------ lifecycle
 
@@ -146,6 +149,26 @@ class ModelServer:
             torch.set_num_threads(self.settings.torch_threads or max(1, hardware.cpu_count() // self.workers))
         self.model = model_module.load_and_warm(self.model_dir, device,
                                                 self.settings.autocast, self.settings.compile_mode)
+        self.hook_processes = self._start_hook_processes()
+
+    def _start_hook_processes(self):
+        """SMSERVE_HOOK_PROCESSES: input_fn and output_fn in processes of their own
+        (engine/hook_processes.py), where the model has them and keeps no sessions."""
+        wanted = self.settings.hook_processes
+        hooks = self.model.hooks
+        if not wanted or (hooks.input_fn is None and hooks.output_fn is None):
+            return None
+        if hooks.keeps_sessions:
+            log.warning("SMSERVE_HOOK_PROCESSES=%d not used: this model keeps sessions, whose state its hooks read "
+                        "in the worker; its input_fn and output_fn run on hook threads", wanted)
+            return None
+        from smserve.engine.hook_processes import HookProcesses
+
+        processes = HookProcesses(self.model_dir, wanted)
+        log.info("hook processes: %d run %s (SMSERVE_HOOK_PROCESSES; pids %s)", wanted,
+                 " and ".join(n for n in ("input_fn", "output_fn") if getattr(hooks, n) is not None),
+                 ", ".join(map(str, processes.pids)))
+        return processes
 
     def close(self) -> None:
         """Unload (multi-model endpoints): the inference thread ends and the model goes
@@ -154,6 +177,9 @@ class ModelServer:
         if self.runner.stats.name is not None:
             metrics.forget_model(self.runner.stats.name)
         self.runner.stop()
+        if self.hook_processes is not None:
+            self.hook_processes.close()
+            self.hook_processes = None
         self.status, self.error, self.model = FAILED, "unloaded", None
 
     def check_ready(self) -> None:
