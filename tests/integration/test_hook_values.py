@@ -42,7 +42,8 @@ def servers(tmp_path_factory):
     values = hook_values_model(root, "values")
     hook_values_model(root, "predicted", predicted=True)
     single = ServerProcess(values, TWO_WORKERS, log_path=logs / "single.log")
-    multi = ServerProcess(root / "none", {**TWO_WORKERS, "SAGEMAKER_MULTI_MODEL": "true",
+    # Two torch threads: no pass runs inline there, every one on the inference thread.
+    multi = ServerProcess(root / "none", {**TWO_WORKERS, "SMSERVE_TORCH_THREADS": "2", "SAGEMAKER_MULTI_MODEL": "true",
                                           "SMSERVE_MODELS_ROOT": str(root)}, log_path=logs / "multi.log")
     start_all([single, multi])
     for name in ("values", "predicted"):
