@@ -26,8 +26,11 @@ fi
 # against prepared .npy (hook threads decoding while the GPU runs passes). Its CUDA checks
 # (input_fn's tensors on the worker's GPU, the hooks' current device) are a test:
 # .venv/bin/python -m pytest tests/integration/test_gpu_hooks.py
+# The served model against its own limit: a ResNet-50-sized model (fp16 autocast) through
+# /invocations from 64 clients against torch alone on the same GPU, by batch size (~2 min).
 if command -v hey >/dev/null 2>&1; then
-    "$PY" bench/bench_image.py --torch-threads 0 --seconds 5 --rounds 2
+    "$PY" bench/bench_image.py --torch-threads 0 --seconds 5 --rounds 2 --hook-processes 8
+    "$PY" bench/bench_gpu_limit.py
 else
-    echo "bench_image skipped: it needs hey (apt-get install hey)" >&2
+    echo "bench_image and bench_gpu_limit skipped: they need hey (apt-get install hey)" >&2
 fi
