@@ -59,3 +59,16 @@ def test_without_a_served_lane_a_greenlets_call_runs_on_a_real_thread():
     _, thread = gevent.spawn(main_lane.call, where).get()
     assert thread != threading.get_ident()
     assert main_lane.call(where) == (True, threading.get_ident())  # the main greenlet itself: here
+
+
+def test_a_call_from_another_thread_runs_there():
+    from gevent.threadpool import ThreadPool
+
+    def body():
+        pool = ThreadPool(1)
+        try:
+            return pool.apply(main_lane.call, (lambda: threading.get_ident(),))
+        finally:
+            pool.kill()
+
+    assert main_lane.run(body) != threading.get_ident()

@@ -26,7 +26,10 @@ from typing import Callable
 import gevent
 from gevent import get_hub
 from gevent.hub import Waiter
+from gevent import monkey
 from greenlet import getcurrent
+
+_thread_id = monkey.get_original("_thread", "get_ident")  # the OS thread's, whatever gevent patched
 
 _STOP = object()
 
@@ -34,6 +37,7 @@ _STOP = object()
 class _Lane:
     def __init__(self):
         self.main = None  # the main greenlet while it serves the lane
+        self.thread = None  # its thread's ident
         # The main greenlet waits for work (parked in the hub, or in the switch that
         # answered the last call): a caller may switch straight to it. Not while a call
         # runs: a call that blocks on the hub (a lock) has the hub switch back to it.
@@ -55,9 +59,12 @@ def call(fn: Callable, *args):
     is on its thread's own stack, else on the main greenlet (or, where no worker serves
     the lane, as in a unit test's greenlets, on a real thread of the hub's pool)."""
     current = getcurrent()
-    if current.parent is None:
-        return fn(*args)
     lane = _lane
+    if current.parent is None or (lane.main is not None and _thread_id() != lane.thread):
+        # A thread's own stack, or another thread than the loop's (a hook or codec
+        # thread of gevent's pool: its one greenlet lives as long as the thread, above
+        # a main greenlet that never runs again, so the frames below it stay whole).
+        return fn(*args)
     if lane.main is None:
         return get_hub().threadpool.apply(fn, args)
     if lane.idle:
@@ -106,7 +113,7 @@ def _stop() -> None:
 
 def _serve() -> None:
     lane, hub = _lane, get_hub()
-    lane.main = getcurrent()
+    lane.main, lane.thread = getcurrent(), _thread_id()
     reply = None  # (caller, outcome): owed to a caller that switched here
     try:
         while True:
