@@ -216,7 +216,7 @@ class Hooks(Protocol):
         def encode(outputs):
             if refusal is not None:
                 raise refusal
-            return simple.encode(outputs, builtin, labels)
+            return simple.encode(outputs, builtin, labels, simple.wraps_records(message.body, message.content_type))
 
         # The user's output_fn may speak types we do not: it gets the client's first choice.
         accept = preferred(message.accept, default) if hooks.output_fn is not None else builtin
@@ -312,6 +312,7 @@ def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
         # Only what predict_fn returns tells whether a stream type would do.
         accept, refusal = None, e
     labels = answer_labels(message.accept, accept, server.metadata) if refusal is None else None
+    wrapped = simple.wraps_records(message.body, message.content_type)
     if accept in LINE_TYPES and server.passes(inputs) > 1:
         # Many records in a line format: each pass's lines leave as the pass ends, so
         # the first lines go out before the last pass runs. The first pass runs before
@@ -328,7 +329,7 @@ def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
         return streamed_reply(server, message, outputs)
     if refusal is not None:
         raise refusal
-    payload, media_type = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels)
+    payload, media_type = server.codec(_nbytes(outputs), simple.encode, outputs, accept, labels, wrapped)
     return Reply(payload, {"Content-Type": media_type})
 
 
