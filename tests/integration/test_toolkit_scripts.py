@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,8 @@ import requests
 import torch
 
 from local_test.server_process import ServerProcess
-from tests.helpers.servers import start_all
+from tests.helpers.models import echo_hooks, model_dir_with
+from tests.helpers.servers import start_all, worker_pids
 
 JSON, CSV, NPY = "application/json", "text/csv", "application/x-npy"
 ROWS = 5  # records a request (the toolkit's MNIST test sends 300 of 1x28x28)
@@ -142,6 +144,9 @@ def servers(tmp_path_factory):
                                          log_path=logs / "plain_transform.log"),
         # No script at all: the toolkit's default model_fn takes the folder's only .pth.
         "lone": ServerProcess(folder(root, "lone", weights="model.pth"), {}, log_path=logs / "lone.log"),
+        # The PyTorch containers' response timeout: a 1 s answer deadline.
+        "deadline": ServerProcess(model_dir_with(root, echo_hooks(), "deadline"), {
+            "SAGEMAKER_TS_RESPONSE_TIMEOUT": "1"}, log_path=logs / "deadline.log"),
         "mme": ServerProcess(root / "none", {"SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": str(models),
                                              "SAGEMAKER_PROGRAM": "mnist.py"}, log_path=logs / "mme.log"),
     }
@@ -260,6 +265,21 @@ def test_the_toolkits_settings_are_said_at_start(servers):
             "wins)") in log
     assert "SAGEMAKER_TS_MAX_BATCH_DELAY=20 sets SMSERVE_MAX_BATCH_DELAY_MS's setting" in log
     assert "SAGEMAKER_TS_MIN_WORKERS is not used by this server; instead: SAGEMAKER_MODEL_SERVER_WORKERS" in log
+
+
+def test_past_the_response_timeout_the_client_gets_a_504_and_the_worker_goes_on(servers):
+    server = servers["deadline"]
+    workers = worker_pids(server)
+    started = time.monotonic()
+    late = post(server.url, json.dumps({"x": [1], "sleep": 2.5}).encode(), JSON)
+    waited = time.monotonic() - started
+    assert late.status_code == 504, late.text
+    assert "did not answer within 1 s" in late.json()["error"] and waited < 2.0, waited
+    time.sleep(2)  # the late pass ends on the inference thread meanwhile
+    r = post(server.url, json.dumps({"x": [1, 2]}).encode(), JSON)
+    assert r.status_code == 200 and r.json() == {"predictions": [2.0, 4.0]}, r.text
+    assert requests.get(server.url + "/ping", timeout=5).status_code == 200
+    assert worker_pids(server) == workers
 
 
 # ---------------------------------------------------------------- item 7: multi-model answers
