@@ -125,9 +125,11 @@ def test_transform_fn_becomes_the_three_steps_and_runs_alone():
     class Context:
         headers = {"Accept": "*/*"}
 
-    request = hooks.input_fn(b"body", "application/json", Context())
+    request = hooks.input_fn(b"[1]", "application/json", Context())
     assert hooks.predict_fn(request, "model", None) == ("answer", "text/csv")
-    assert calls == [("model", b"body", "application/json", "text/csv")]
+    # JSON and CSV bodies as str, as the toolkit hands them; any other as bytes.
+    hooks.predict_fn(hooks.input_fn(b"\x89PNG", "image/png", Context()), "model", None)
+    assert calls == [("model", "[1]", "application/json", "text/csv"), ("model", b"\x89PNG", "image/png", "text/csv")]
     assert hooks.output_fn(("answer", "text/csv"), "application/json") == ("answer", "text/csv")
 
 

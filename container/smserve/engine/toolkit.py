@@ -25,6 +25,8 @@ from dataclasses import dataclass
 DEFAULT_PROGRAM = "inference.py"
 CODE_DIR = "code"
 # Each hook's arguments before the optional context, as the toolkit calls it.
+# The request types whose body the toolkit hands transform_fn as a str, not bytes.
+TEXT_TYPES = ("application/json", "text/csv")
 ARITY = {"model_fn": 1, "pre_model_fn": 1, "model_warmup_fn": 2, "input_fn": 2, "predict_fn": 2,
          "output_fn": 2, "transform_fn": 4}
 
@@ -108,6 +110,8 @@ def from_transform_fn(transform_fn, default_accept: str) -> dict:
         accept = context.headers.get("Accept")
         if not accept or accept.strip() == "*/*":
             accept = default_accept
+        if content_type.split(";")[0].strip().lower() in TEXT_TYPES:
+            body = bytes(body).decode("utf-8")  # as the toolkit hands these over (a bad byte: 400)
         return TransformRequest(body, content_type, accept)
 
     def predict_fn(request, model, context):
