@@ -10,6 +10,7 @@ import torch
 from smserve.engine import artifacts, loaded_model, toolkit
 from smserve.engine.artifacts import ModelLoadError
 from smserve.engine.hooks import Hooks, load_hooks
+from smserve.errors import BadRequest
 from smserve.settings import Settings, SettingsError, toolkit_notes
 
 
@@ -131,6 +132,8 @@ def test_transform_fn_becomes_the_three_steps_and_runs_alone():
     hooks.predict_fn(hooks.input_fn(b"\x89PNG", "image/png", Context()), "model", None)
     assert calls == [("model", "[1]", "application/json", "text/csv"), ("model", b"\x89PNG", "image/png", "text/csv")]
     assert hooks.output_fn(("answer", "text/csv"), "application/json") == ("answer", "text/csv")
+    with pytest.raises(BadRequest, match="transform_fn.*not as KServe v2"):  # decoded tensors have no body
+        hooks.predict_fn({"input": torch.zeros(1)}, "model", None)
 
 
 # ---------------------------------------------------------------- default loading

@@ -22,6 +22,8 @@ import inspect
 import os
 from dataclasses import dataclass
 
+from smserve.errors import BadRequest
+
 DEFAULT_PROGRAM = "inference.py"
 CODE_DIR = "code"
 # Each hook's arguments before the optional context, as the toolkit calls it.
@@ -115,6 +117,9 @@ def from_transform_fn(transform_fn, default_accept: str) -> dict:
         return TransformRequest(body, content_type, accept)
 
     def predict_fn(request, model, context):
+        if not isinstance(request, TransformRequest):  # a KServe v2 request: decoded by the protocol, no body
+            raise BadRequest("this model answers through its transform_fn, which reads the request's own body: "
+                             "send it to /invocations in the script's format, not as KServe v2")
         args = (model, request.body, request.content_type, request.accept)
         answer = transform_fn(*args, context) if with_context else transform_fn(*args)
         return answer if isinstance(answer, tuple) else (answer, request.accept)
