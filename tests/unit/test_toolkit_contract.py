@@ -196,3 +196,24 @@ def test_every_toolkit_setting_gets_one_line():
         "SAGEMAKER_TS_SOMETHING_NEW is not used by this server; instead: see docs/migrating.md for this server's "
         "settings",
     ]
+
+
+# ---------------------------------------------------------------- the image example's ResNet
+
+
+def test_the_image_example_takes_torchvisions_resnet_where_it_imports(monkeypatch):
+    import sys
+    import types
+
+    from model.image import build
+    from model.image.resnet import ResNet18
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # as here: it does not import
+    model, source = build.resnet18(3)
+    assert isinstance(model, ResNet18) and "resnet.py" in source
+    fake = types.ModuleType("torchvision.models")
+    fake.resnet18 = lambda num_classes: torch.nn.Linear(2, num_classes)
+    monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
+    monkeypatch.setitem(sys.modules, "torchvision.models", fake)
+    model, source = build.resnet18(3)
+    assert source == "torchvision" and model.out_features == 3 and not model.training
