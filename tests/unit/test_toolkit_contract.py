@@ -217,3 +217,12 @@ def test_the_image_example_takes_torchvisions_resnet_where_it_imports(monkeypatc
     monkeypatch.setitem(sys.modules, "torchvision.models", fake)
     model, source = build.resnet18(3)
     assert source == "torchvision" and model.out_features == 3 and not model.training
+
+
+def test_a_script_named_as_a_loaded_module_does_not_replace_it(tmp_path):
+    import json
+    import sys
+
+    write(tmp_path / "code" / "json.py", "def model_fn(model_dir):\n    return 'mine'\n")
+    hooks = load_hooks(str(tmp_path), toolkit.Script("json.py"))
+    assert hooks.model_fn(str(tmp_path)) == "mine" and sys.modules["json"] is json

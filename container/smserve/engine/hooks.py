@@ -244,6 +244,10 @@ def user_frames_first(error: BaseException):
     return type(error), error, tb
 
 
+# The module names user scripts were registered under (a later model's script may take its place).
+_SCRIPT_MODULES = {"inference"}
+
+
 def load_hooks(model_dir: str, script: toolkit.Script | None = None, single: bool = True) -> Hooks:
     """The hooks of the model in model_dir: script.program in its code/ folder (single:
     one model serves, so SAGEMAKER_SUBMIT_DIRECTORY may hold the script instead)."""
@@ -261,8 +265,12 @@ def load_hooks(model_dir: str, script: toolkit.Script | None = None, single: boo
         sys.path.insert(0, code_dir)
     spec = importlib.util.spec_from_file_location(script.module_name, path)
     module = importlib.util.module_from_spec(spec)
-    # Under both names: ours of old, and the one the toolkit imports it by (mnist.py -> mnist).
-    sys.modules["inference"] = sys.modules[script.module_name] = module
+    # Under both names: ours of old, and the one the toolkit imports it by (mnist.py -> mnist),
+    # unless that name is another module's (a script named json.py must not replace json).
+    sys.modules["inference"] = module
+    if sys.modules.get(script.module_name) is None or script.module_name in _SCRIPT_MODULES:
+        sys.modules[script.module_name] = module
+        _SCRIPT_MODULES.add(script.module_name)
     try:
         spec.loader.exec_module(module)
     except ModuleNotFoundError as e:
