@@ -95,6 +95,33 @@ def transform_fn(model, request_body, content_type, accept):
 '''
 
 
+# The toolkit's call_model_fn_once check: model_fn once per worker process, never per
+# request; bytes pass through input_fn, predict_fn and output_fn untouched.
+ONCE_SCRIPT = '''
+import os
+
+
+def model_fn(model_dir):
+    mark = os.path.join(model_dir, "model_fn.{}".format(os.getpid()))
+    if os.path.exists(mark):
+        raise RuntimeError("model_fn called twice in one process")
+    open(mark, "a").close()
+    return "model"
+
+
+def input_fn(data, content_type):
+    return data
+
+
+def predict_fn(data, model):
+    return b"output"
+
+
+def output_fn(prediction, accept):
+    return prediction
+'''
+
+
 class Mnist(torch.nn.Module):
     """The shape of the toolkit's MNIST model: (N, 1, 28, 28) in, 10 scores out."""
 
@@ -144,6 +171,9 @@ def servers(tmp_path_factory):
                                          log_path=logs / "plain_transform.log"),
         # No script at all: the toolkit's default model_fn takes the folder's only .pth.
         "lone": ServerProcess(folder(root, "lone", weights="model.pth"), {}, log_path=logs / "lone.log"),
+        "once": ServerProcess(folder(root, "once", ONCE_SCRIPT, "call_model_fn_once.py"), {
+            "SAGEMAKER_PROGRAM": "call_model_fn_once.py", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"},
+            log_path=logs / "once.log"),
         # The PyTorch containers' response timeout: a 1 s answer deadline.
         "deadline": ServerProcess(model_dir_with(root, echo_hooks(), "deadline"), {
             "SAGEMAKER_TS_RESPONSE_TIMEOUT": "1"}, log_path=logs / "deadline.log"),
@@ -199,6 +229,16 @@ def test_a_multi_model_endpoint_reads_each_models_script_of_that_name(servers):
 
 
 # ---------------------------------------------------------------- item 2: the hook contract
+
+
+def test_model_fn_runs_once_per_worker_and_bytes_pass_through(servers):
+    server = servers["once"]
+    for _ in range(6):  # new connections: both workers answer
+        with requests.Session() as session:
+            r = session.post(server.url + "/invocations", data=b"input", timeout=60,
+                             headers={"Content-Type": NPY, "Accept": NPY})
+        assert r.status_code == 200 and r.content == b"output", r.text
+    assert len(list(Path(server.env["SM_MODEL_DIR"]).glob("model_fn.*"))) == 2
 
 
 def test_every_hook_gets_the_context_by_arity_with_the_toolkits_system_properties(servers):
