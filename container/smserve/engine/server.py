@@ -229,6 +229,7 @@ class ModelServer:
         thread (it may put tensors on the device)."""
         hook = self.model.hooks.open_session
         context.device = self.model.device
+        context.system_properties = self.system_properties
 
         def run():
             try:
@@ -247,6 +248,7 @@ class ModelServer:
         context = context if context is not None else RequestContext({})  # (at expiry: no request)
         context.session, context.session_id, context.close_reason = state, session_id, how
         context.device = self.model.device
+        context.system_properties = self.system_properties
 
         def run():
             try:
