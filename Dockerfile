@@ -21,6 +21,9 @@ FROM ${BASE_IMAGE} AS builder
 # build, about 1 GB instead of several, https://download.pytorch.org/whl/cpu) or local
 # wheels, torch is pinned by version only: a hash names one file, and those files are
 # not PyPI's (lock/README.md). The rest then comes from lock/image-no-torch.txt, hashed.
+# torchvision (what scripts made for AWS's PyTorch containers import) comes with PyPI's
+# torch only, and the build fails if it does not import: PyPI's torchvision is built for
+# PyPI's torch, and does not import beside a torch from another index (the CPU build).
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
 # A directory of local wheels (mounted into the build with -v) searched with the index.
@@ -31,7 +34,8 @@ ARG TORCH_FIND_LINKS=
 COPY lock/image.txt lock/image-no-torch.txt /tmp/lock/
 RUN python3 -m venv /opt/venv \
     && if [ "${TORCH_INDEX_URL}" = "https://pypi.org/simple" ] && [ -z "${TORCH_FIND_LINKS}" ]; then \
-        /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps -r /tmp/lock/image.txt; \
+        /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps -r /tmp/lock/image.txt \
+        && /opt/venv/bin/python -c "import torchvision" ; \
     else \
         /opt/venv/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
             ${TORCH_FIND_LINKS:+--find-links "${TORCH_FIND_LINKS}"} "torch==${TORCH_VERSION}" \

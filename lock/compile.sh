@@ -19,7 +19,10 @@ torch=$(sed -n 's/^torch==//p' requirements-dev.txt)
 unset PIP_FIND_LINKS PIP_EXTRA_INDEX_URL PIP_INDEX_URL PIP_CONSTRAINT UV_INDEX_URL UV_EXTRA_INDEX_URL UV_FIND_LINKS
 common=(--quiet --no-config --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28
         --index-url https://pypi.org/simple --no-emit-index-url --custom-compile-command "make lock")
-printf -- '# Written by lock/compile.sh: the image lock'"'"'s input.\n-r ../container/requirements.txt\ntorch==%s\n' "$torch" > lock/image.in
+# torchvision as built for that torch (the resolver picks the release that pins it): in
+# image.txt only, since PyPI's torchvision imports beside PyPI's torch alone, not beside
+# the CPU or CUDA 12 builds the *-no-torch installs take from other indexes.
+printf -- '# Written by lock/compile.sh: the image lock'"'"'s input.\n-r ../container/requirements.txt\ntorch==%s\ntorchvision\n' "$torch" > lock/image.in
 compile() {  # OUTPUT INPUT [options...]
     echo "lock: $1" >&2
     "$UV" pip compile "${common[@]}" "${@:3}" --output-file "$1" "$2"
@@ -30,7 +33,7 @@ compile() {  # OUTPUT INPUT [options...]
 # the image then takes the very versions the tests ran.
 compile lock/dev.txt requirements-dev.txt
 compile lock/image.txt lock/image.in -c lock/dev.txt
-no_torch=(--no-emit-package torch)
+no_torch=(--no-emit-package torch --no-emit-package torchvision)
 for p in $(sed -En 's/^(nvidia-[a-z0-9-]*|triton|cuda-[a-z0-9-]*)(\[[^]]*\])?==.*/\1/p' lock/dev.txt | sort -u); do
     no_torch+=(--no-emit-package "$p")
 done

@@ -62,6 +62,13 @@ class Unavailable(HTTPError):
     status = 503
 
 
+class AnswerTimeout(HTTPError):
+    """The model did not answer within the request's deadline (SAGEMAKER_MODEL_SERVER_TIMEOUT):
+    the worker goes on, the late result is dropped."""
+
+    status = 504
+
+
 class InsufficientStorage(HTTPError):
     """No room for another model (SageMaker's multi-model API: it then unloads one and retries)."""
 

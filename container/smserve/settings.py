@@ -125,6 +125,11 @@ class Settings:
     models_root: str = DEFAULT_MODELS_ROOT
     # GET /metrics and the recording behind it (off: no route, nothing recorded).
     metrics: bool = True
+    # The model's script in its code/ folder, as the SageMaker SDK's entry_point names
+    # it; SAGEMAKER_SUBMIT_DIRECTORY may hold it instead, where that is a local folder
+    # (engine/toolkit.py).
+    program: str = "inference.py"
+    submit_directory: str | None = None
 
     @property
     def job_sets_no_payload_limit(self) -> bool:
@@ -266,6 +271,14 @@ def _log_level(raw: str) -> str:
     return value
 
 
+def _program(raw: str) -> str:
+    """A script's file name, as SAGEMAKER_PROGRAM holds it ("mnist.py"; a module's
+    name, "mnist", as the toolkit also takes it)."""
+    if "/" in raw or raw in (".", "..", ".py"):
+        raise ValueError("must be the name of a Python file in the model's code/ folder, such as inference.py")
+    return raw if raw.endswith(".py") else raw + ".py"
+
+
 def _device(raw: str) -> str:
     value = raw.lower()
     if value in ("auto", "cpu", "cuda"):
@@ -313,8 +326,42 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "models_memory_mb": (PREFIX + "MODELS_MEMORY_MB", _positive_int),
     "models_root": (PREFIX + "MODELS_ROOT", _directory),
     "metrics": (PREFIX + "METRICS", _bool),
+    "program": ("SAGEMAKER_PROGRAM", _program),
+    "submit_directory": ("SAGEMAKER_SUBMIT_DIRECTORY", str),
 }
 # Read when the field's own variable is unset: SageMaker's name for the same setting.
 _FALLBACKS: dict[str, tuple[str, Callable[[str], object]]] = {
     "log_level": ("SAGEMAKER_CONTAINER_LOG_LEVEL", _log_level),
+    # The SageMaker PyTorch containers' (TorchServe's) names for the same settings.
+    "max_batch_size": ("SAGEMAKER_TS_BATCH_SIZE", _positive_int),
+    "max_batch_delay_ms": ("SAGEMAKER_TS_MAX_BATCH_DELAY", _delay_ms),
+    "timeout": ("SAGEMAKER_TS_RESPONSE_TIMEOUT", _positive_int),
 }
+TOOLKIT_PREFIX = "SAGEMAKER_TS_"
+# The PyTorch containers' settings that have no counterpart here, and what does that work.
+_TOOLKIT_UNUSED = {
+    "SAGEMAKER_TS_MIN_WORKERS": "SAGEMAKER_MODEL_SERVER_WORKERS (a fixed worker count; default one per GPU)",
+    "SAGEMAKER_TS_MAX_WORKERS": "SAGEMAKER_MODEL_SERVER_WORKERS (a fixed worker count; default one per GPU)",
+    "SAGEMAKER_TS_DEFAULT_WORKERS_PER_MODEL": "SAGEMAKER_MODEL_SERVER_WORKERS",
+    "SAGEMAKER_TS_MAX_REQUEST_SIZE": f"{PREFIX}MAX_REQUEST_MB (SAGEMAKER_MAX_PAYLOAD_IN_MB in batch transform)",
+    "SAGEMAKER_TS_MAX_RESPONSE_SIZE": "nothing: answers have no size limit",
+}
+
+
+def toolkit_notes(env: Mapping[str, str] | None = None) -> list[str]:
+    """One start-log line for each SAGEMAKER_TS_* variable set: the setting it became,
+    that ours overrode it, or that nothing reads it and what does its work here."""
+    env = os.environ if env is None else env
+    notes = []
+    for variable in sorted(v for v in env if v.startswith(TOOLKIT_PREFIX) and env[v].strip()):
+        field = next((f for f, (name, _) in _FALLBACKS.items() if name == variable), None)
+        if field is None:
+            instead = _TOOLKIT_UNUSED.get(variable, "see docs/migrating.md for this server's settings")
+            notes.append(f"{variable} is not used by this server; instead: {instead}")
+            continue
+        ours = _VARIABLES[field][0]
+        if (env.get(ours) or "").strip():
+            notes.append(f"{variable}={env[variable]} is overridden by {ours}={env[ours]} (both are set: {ours} wins)")
+        else:
+            notes.append(f"{variable}={env[variable]} sets {ours}'s setting ({field})")
+    return notes

@@ -42,10 +42,21 @@ def metadata(size: int, labels: list[str]) -> dict:
     }
 
 
+def resnet18(classes: int) -> tuple[torch.nn.Module, str]:
+    """torchvision's ResNet-18 where torchvision imports (beside PyPI's CUDA torch), else
+    model/image/resnet.py's: the same layout and state_dict names, so weights load into either."""
+    try:
+        from torchvision.models import resnet18 as torchvision_resnet18
+    except Exception:  # noqa: BLE001 - absent, or built for another torch (PyPI's beside the CPU build fails to import)
+        return ResNet18(num_classes=classes).eval(), "model/image/resnet.py (torchvision does not import here)"
+    return torchvision_resnet18(num_classes=classes).eval(), "torchvision"
+
+
 def build(out: str, size: int = 224, classes: int = len(LABELS), seed: int = 0, weights: str | None = None) -> str:
     """The model folder out/image (and out/image.tar.gz); returns the folder."""
     torch.manual_seed(seed)
-    model = ResNet18(num_classes=classes).eval()
+    model, source = resnet18(classes)
+    print(f"image example: ResNet-18 from {source}")
     if weights:
         model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     labels = list(LABELS[:classes]) + [f"class-{i}" for i in range(len(LABELS), classes)]

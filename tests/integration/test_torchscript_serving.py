@@ -80,12 +80,14 @@ def test_csv_records_get_one_answer_line_each(served):
     np.testing.assert_allclose([[float(v) for v in line.split(",")] for line in lines], expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize("document", [lambda x: {"instances": x}, lambda x: {"inputs": x}, lambda x: x])
-def test_json_records(served, document):
+@pytest.mark.parametrize("key", ["instances", "inputs", None])
+def test_json_records(served, key):
+    """The answer takes the request's form: wrapped records, {"predictions": ...}; a bare
+    list, the bare list (as AWS's PyTorch containers answer)."""
     server, expected, _ = served
-    response = requests.post(server.url + "/invocations", json=document(X.tolist()))
+    response = requests.post(server.url + "/invocations", json={key: X.tolist()} if key else X.tolist())
     assert response.status_code == 200, response.text
-    np.testing.assert_allclose(response.json()["predictions"], expected, rtol=1e-5)
+    np.testing.assert_allclose(response.json()["predictions"] if key else response.json(), expected, rtol=1e-5)
 
 
 def test_json_lines(served):

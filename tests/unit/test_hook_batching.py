@@ -172,9 +172,9 @@ def test_the_inference_thread_takes_the_workers_gpu_before_the_model_loads(monke
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: order.append(("set_device", device)))
     real_load = model_module.load_and_warm
 
-    def load_on_cpu(model_dir, device, *args):
+    def load_on_cpu(model_dir, device, *args, **kwargs):
         order.append(("load", device))
-        return real_load(model_dir, torch.device("cpu"), *args)
+        return real_load(model_dir, torch.device("cpu"), *args, **kwargs)
 
     monkeypatch.setattr(model_module, "load_and_warm", load_on_cpu)
     server = ModelServer(Settings(model_dir=str(example_model_dir)), worker_index=3, workers=4)

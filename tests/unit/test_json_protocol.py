@@ -56,14 +56,22 @@ def test_flat_records_are_decoded_without_a_codec_step():
 def test_other_json_takes_one_codec_step_and_one_c_read(monkeypatch):
     """A body the C reader refuses (here: a second member) is decoded on the codec
     step by orjson's path, and the C reader is not run a second time there."""
-    flat, _ = _answer(b"[[1, 2], [3, 4]]")
+    flat, _ = _answer(b"[[1, 2], [3, 4]]")  # a bare array answers the bare array
     calls = []
     real = jsondoc.c_doubles
     monkeypatch.setattr(jsondoc, "c_doubles", lambda *a: calls.append(a) or real(*a))
     answer, steps = _answer(b'{"instances": [[1, 2], [3, 4]], "parameters": {}}')
-    assert answer == flat
+    assert answer == {"predictions": flat}
     assert steps.count("decode") == 1
     assert len(calls) == 1
+
+
+def test_the_json_answer_takes_the_requests_form():
+    """As AWS's PyTorch containers answer a bare array (json.dumps(tensor.tolist())),
+    and as the SageMaker convention wraps instances in predictions."""
+    assert _answer(b" [[1, 2]]")[0] == [[2.0, 4.0]]
+    assert _answer(b'\n {"instances": [[1, 2]]}')[0] == {"predictions": [[2.0, 4.0]]}
+    assert _answer(b'{"inputs": [[1, 2]]}')[0] == {"predictions": [[2.0, 4.0]]}
 
 
 def test_a_v2_json_request_takes_the_codec_step():

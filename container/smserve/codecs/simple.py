@@ -30,6 +30,7 @@ codec thread never holds the GIL for long while the event loop answers /ping.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import orjson
@@ -297,9 +298,21 @@ def _matches(shape: tuple, expected: list[int]) -> bool:
 
 # ---------------------------------------------------------------- encoding
 
+_JSON_OBJECT = re.compile(rb"[ \t\r\n]*\{")
 
-def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[str, ...]] | None = None
-           ) -> tuple[bytes, str]:
+
+def wraps_records(body: bytes, content_type: str) -> bool:
+    """Whether the request wrapped its records in a JSON object (`{"instances": ...}`):
+    its JSON answer is wrapped the same way (`{"predictions": ...}`). Any other request
+    (a bare JSON array, CSV, JSON Lines, .npy, .npz) gets the bare array, as AWS's
+    PyTorch containers answer (json.dumps(prediction.tolist())): what clients written
+    for them, the SDK's JSONDeserializer among them, read."""
+    return media_type(content_type) == JSON and _JSON_OBJECT.match(body) is not None
+
+
+
+def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[str, ...]] | None = None,
+           wrapped: bool = True) -> tuple[bytes, str]:
     """Named output arrays -> (body, content type) in the negotiated media type.
 
     One form whatever the model's batching: a record is one row along dimension 0. One
@@ -307,7 +320,8 @@ def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[
     per record (`{"predictions": [{"probs": row, "score": value}, ...]}`), and only
     outputs with no common dimension 0 (nothing to call a record) one object of whole
     arrays. labels: {output name: its class labels}, to add each record's predicted
-    label (its highest value's class) beside the outputs."""
+    label (its highest value's class) beside the outputs. wrapped: False answers JSON
+    without the `{"predictions": ...}` around it (wraps_records)."""
     if labels:
         if accept == NPY:
             raise NotAcceptable("labels=true: application/x-npy holds one array; ask for application/json, "
@@ -315,9 +329,10 @@ def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[
         outputs = {**outputs, **_predicted_labels(outputs, labels)}
     single = next(iter(outputs.values())) if len(outputs) == 1 else None
     if accept == JSON:
-        if single is not None:
-            return b"".join([b'{"predictions":', *textout.array_json_parts(single), b"}"]), JSON
-        return b"".join([b'{"predictions":', *_json_outputs(outputs), b"}"]), JSON
+        parts = textout.array_json_parts(single) if single is not None else _json_outputs(outputs)
+        if not wrapped:
+            return b"".join(parts), JSON
+        return b"".join([b'{"predictions":', *parts, b"}"]), JSON
     if accept == NPY:
         if single is None:
             raise NotAcceptable(

@@ -59,12 +59,13 @@ class RequestContext:
     """One request's context. Read: `custom_attributes`, `inference_id`, `target_model`
     (each None when the request did not carry it), `headers`, `path`, `query_string`
     and `query` (parsed, a dict of str), `device` (the model's torch.device),
-    `session_id` and `close_reason` (a stateful session's). Read and write: `session`
+    `session_id` and `close_reason` (a stateful session's), `system_properties` (the
+    SageMaker toolkit's: `model_dir`, `gpu_id`, None on the CPU). Read and write: `session`
     (a stateful session's state); `response_custom_attributes`, sent back as
     X-Amzn-SageMaker-Custom-Attributes (SageMaker's `CustomAttributes`)."""
 
     __slots__ = ("headers", "path", "query_string", "_target_model", "_query", "response_custom_attributes", "device",
-                 "session", "session_id", "close_reason")
+                 "session", "session_id", "close_reason", "system_properties")
 
     def __init__(self, headers: Mapping[str, str], path: str = "", query_string: str = "",
                  target_model: str | None = None):
@@ -79,6 +80,9 @@ class RequestContext:
         # The model's torch.device (the worker's GPU, or the CPU), set by the server
         # before the hooks run: where a hook puts tensors of its own.
         self.device = None
+        # As the SageMaker toolkit's context has them (engine/toolkit.system_properties),
+        # set with the device.
+        self.system_properties: dict = {}
         # A stateful session's (engine/sessions.py): its state (the hooks may change it,
         # or set another), its ID, and in close_session why it ends.
         self.session = None

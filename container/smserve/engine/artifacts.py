@@ -71,7 +71,7 @@ def check(path: str) -> None:
     """ModelLoadError when path is plainly not the kind its name promises (model.pt2:
     torch.export, model.pt: TorchScript), saying what it is instead and what to do. A
     file of no kind known here (an older torch's format?) is left for torch to judge."""
-    expected = "export" if os.path.basename(path) == EXPORTED else "torchscript"
+    expected = "export" if os.path.basename(path) == EXPORTED else "torchscript"  # (model.pt, or a lone *.pt/*.pth)
     found = kind(path)
     if found in (expected, "unknown"):
         return
@@ -89,9 +89,24 @@ def check(path: str) -> None:
             "(a pickle runs code, and needs your class to load). To serve it, " + SAVE_IT_RIGHT)
     if found == "export":
         raise ModelLoadError(f"{path} is a torch.export program (torch.export.save): name it {EXPORTED}, not {name}")
-    if found == "torchscript":
+    if found == "torchscript":  # (only reached for model.pt2)
         raise ModelLoadError(f"{path} is a TorchScript module (torch.jit.save): name it {TORCHSCRIPT}, not {name}")
     raise ModelLoadError(f"{path} is empty: {SAVE_IT_RIGHT}")
+
+
+def torchscript_file(model_dir: str, script: str = "code/inference.py") -> str | None:
+    """The TorchScript file to serve: model.pt, else, as AWS's PyTorch toolkit loads
+    one, the folder's only *.pt or *.pth file (None: there is none). It must still
+    prove TorchScript (check): a pickled .pth is refused, never unpickled."""
+    path = os.path.join(model_dir, TORCHSCRIPT)
+    if os.path.isfile(path):
+        return path
+    found = sorted(name for name in os.listdir(model_dir)
+                   if name.endswith((".pt", ".pth")) and os.path.isfile(os.path.join(model_dir, name)))
+    if len(found) > 1:
+        raise ModelLoadError(f"{model_dir} holds {len(found)} model files ({', '.join(found[:5])}) and no {TORCHSCRIPT}: "
+                             f"name the one to serve {TORCHSCRIPT}, or load them in {script}'s model_fn(model_dir)")
+    return os.path.join(model_dir, found[0]) if found else None
 
 
 def load_exported(path: str):

@@ -58,7 +58,7 @@ class HookChain:
     def _predict(self, model, value, message, decoded: bool):
         runner = self.server.runner
         hooks = model.hooks
-        batched = runner.max_batch_size > 0 and not hooks.streams
+        batched = runner.max_batch_size > 0 and not hooks.runs_alone
         if decoded:
             form, leaves = model.input_form(value)
             if batched:

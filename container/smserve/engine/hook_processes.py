@@ -177,13 +177,14 @@ class HookProcesses:
     """N processes running one model's input_fn and output_fn; call() from real
     threads only (the hook threads): it blocks its thread, never the loop."""
 
-    def __init__(self, model_dir: str, processes: int):
-        self.model_dir = model_dir
+    def __init__(self, model_dir: str, processes: int, single: bool = True):
+        """single: one model serves (its script may be in SAGEMAKER_SUBMIT_DIRECTORY)."""
+        self.model_dir, self.single = model_dir, single
         self._idle = _queue.SimpleQueue()  # a C queue: a thread blocks in get() with the GIL released
         self._lock = threading.Lock()
         self._children: list[_Child] = []
         for _ in range(processes):
-            child = _Child(model_dir)
+            child = _Child(model_dir, single)
             self._children.append(child)
         for child in self._children:
             child.wait_ready()
@@ -223,7 +224,7 @@ class HookProcesses:
     def _replace(self, dead: "_Child") -> "_Child | None":
         dead.close()
         try:
-            child = _Child(self.model_dir)
+            child = _Child(self.model_dir, self.single)
             child.wait_ready()
         except Exception as e:  # noqa: BLE001 - the pool goes on smaller; said once
             log.error("a hook process could not be started again: %s: %s", type(e).__name__, e)
@@ -240,17 +241,18 @@ class HookProcesses:
 def _fields(context) -> dict:
     return {"headers": dict(context.headers.items()), "path": context.path, "query_string": context.query_string,
             "target_model": context.target_model, "session_id": context.session_id,
-            "device": str(context.device) if context.device is not None else None}
+            "device": str(context.device) if context.device is not None else None,
+            "system_properties": getattr(context, "system_properties", None)}
 
 
 class _Child:
-    def __init__(self, model_dir: str):
+    def __init__(self, model_dir: str, single: bool):
         requests_r, requests_w = os.pipe()
         answers_r, answers_w = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen([sys.executable, "-m", "smserve.engine.hook_processes", model_dir,
-                                      str(requests_r), str(answers_w)], pass_fds=(requests_r, answers_w), env=env,
-                                     stdin=subprocess.DEVNULL)
+                                      str(requests_r), str(answers_w), "single" if single else "one-of-many"],
+                                     pass_fds=(requests_r, answers_w), env=env, stdin=subprocess.DEVNULL)
         os.close(requests_r)
         os.close(answers_w)
         self.requests = os.fdopen(requests_w, "wb")
@@ -278,7 +280,7 @@ class _Child:
 # ---------------------------------------------------------------- the process's side
 
 
-def _serve(model_dir: str, requests_fd: int, answers_fd: int) -> None:
+def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool) -> None:
     import signal
 
     # The worker ends it by closing its pipe, after the requests in flight: a SIGTERM to
@@ -293,9 +295,12 @@ def _serve(model_dir: str, requests_fd: int, answers_fd: int) -> None:
 
         torch.set_num_threads(1)  # a request's hook, per process: the cores are the processes'
         from smserve.core.context import RequestContext
+        from smserve.engine import toolkit
         from smserve.engine.hooks import load_hooks
+        from smserve.settings import Settings
 
-        hooks = load_hooks(model_dir)
+        # The script the worker's settings name (SAGEMAKER_PROGRAM): the same environment.
+        hooks = load_hooks(model_dir, toolkit.script_of(Settings.from_env()), single)
     except BaseException as e:  # noqa: BLE001 - said to the worker, which refuses to start
         _send(answers, (False, f"{type(e).__name__}: {e}"))
         return
@@ -311,6 +316,8 @@ def _serve(model_dir: str, requests_fd: int, answers_fd: int) -> None:
                                      fields["query_string"], fields["target_model"])
             context.session_id = fields["session_id"]
             context.device = torch.device(fields["device"]) if fields["device"] else None
+            if fields["system_properties"] is not None:
+                context.system_properties = fields["system_properties"]
         try:
             function = getattr(hooks, hook)
             if hook == "output_fn":
@@ -346,4 +353,4 @@ if __name__ == "__main__":
     # found by that name in the worker.
     from smserve.engine import hook_processes
 
-    hook_processes._serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    hook_processes._serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "single")

@@ -1,16 +1,19 @@
-"""The SageMaker PyTorch inference hooks a model may bring in `code/inference.py`.
+"""The SageMaker PyTorch inference hooks a model may bring in `code/inference.py` (or the
+script `SAGEMAKER_PROGRAM` names: engine/toolkit.py).
 
 `model_fn(model_dir)`, `input_fn(body, content_type)`, `predict_fn(data, model)`,
 `output_fn(prediction, accept)`: each one defined replaces that built-in step, as in
-the SageMaker PyTorch serving toolkit users already know. Two more are this project's:
+the SageMaker PyTorch serving toolkit users already know; so do its `transform_fn`,
+`pre_model_fn` and `model_warmup_fn` (engine/toolkit.py). Two more are this project's:
 a predict_fn that returns an iterator (a generator function's, or any other) streams its
 answer (protocols/streams.py), and `stream_fn(messages, model, context)` serves a
 bidirectional WebSocket session with state kept for the life of the connection
 (streaming/stream_fn.py).
 
-`input_fn`, `predict_fn` and `output_fn` may declare a last parameter named `context`
-(core/context.py: SageMaker's headers, and custom attributes to send back): seen in
-their signatures once, here, so a request pays nothing to know it.
+`input_fn`, `predict_fn` and `output_fn` take the request's context (core/context.py:
+SageMaker's headers, and custom attributes to send back) when they declare a last
+parameter named `context`, or one parameter more than the call's, as the toolkit
+decides: seen in their signatures once, here, so a request pays nothing to know it.
 
 An `input_fn` that returns `NotImplemented` hands the body back to the built-in codecs
 (as a Python operator hands an operand it does not take back to the other one). What a
@@ -29,13 +32,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from smserve.engine import toolkit
+from smserve.engine.artifacts import ModelLoadError
 from smserve.errors import BadRequest, HTTPError, ServerError
 
-HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "stream_fn", "open_session", "close_session")
+HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn", "pre_model_fn", "model_warmup_fn",
+              "stream_fn", "open_session", "close_session")
 # The hooks that may take the request's context as a last parameter of this name.
 CONTEXT = "context"
-CODE_DIR = "code"
-SCRIPT = "inference.py"
+CODE_DIR = toolkit.CODE_DIR
+SCRIPT = toolkit.DEFAULT_PROGRAM
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,15 @@ class Hooks:
     # close_session(state, context) lets it go.
     open_session: Callable | None = None
     close_session: Callable | None = None
+    # The toolkit's (engine/toolkit.py): transform_fn stands for input_fn, predict_fn and
+    # output_fn together (made from it here); the other two run once, around model_fn.
+    transform_fn: Callable | None = None
+    pre_model_fn: Callable | None = None
+    model_warmup_fn: Callable | None = None
+    # The file the hooks came from (code/<SAGEMAKER_PROGRAM>), for messages.
+    script: str = field(default=f"{CODE_DIR}/{SCRIPT}", compare=False)
+    # The Accept transform_fn gets when a request names none (engine/toolkit.Script).
+    default_accept: str = field(default="application/json", compare=False, repr=False)
     # Whether predict_fn answers with an iterator to stream. What it returns decides, not
     # how it is written (`return model.generate(data)` streams as `yield` does): known at
     # load for a generator function, else learnt from its first iterator.
@@ -71,13 +86,23 @@ class Hooks:
     output_context: bool = field(default=False, init=False, compare=False)
 
     def __post_init__(self):
+        if self.transform_fn is not None:
+            given = [name for name in ("input_fn", "predict_fn", "output_fn") if getattr(self, name) is not None]
+            if given:
+                # As the toolkit refuses it: which of the two would answer is anyone's guess.
+                raise ModelLoadError(f"{self.script} defines transform_fn and {', '.join(given)}: transform_fn does "
+                                     "all three steps, so define either it or input_fn/predict_fn/output_fn")
+            for name, fn in toolkit.from_transform_fn(self.transform_fn, self.default_accept).items():
+                setattr(self, name, fn)
         if self.predict_fn is not None and inspect.isgeneratorfunction(self.predict_fn):
             self.returned_iterator = True
         for name in ("input_fn", "predict_fn", "output_fn"):
             fn = getattr(self, name)
             kind = _context_parameter(fn)
             if kind is None:
-                continue
+                if fn is None or not toolkit.takes_context(fn, name):
+                    continue
+                kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
             if kind == inspect.Parameter.KEYWORD_ONLY:
                 # Called like the others, context last and positional.
                 setattr(self, name, _context_by_keyword(fn))
@@ -86,6 +111,12 @@ class Hooks:
     @property
     def wants_context(self) -> bool:
         return self.input_context or self.predict_context or self.output_context
+
+    @property
+    def runs_alone(self) -> bool:
+        """Each request is its own pass: a streaming predict_fn's iterator cannot be
+        split, and transform_fn reads one body and answers it."""
+        return self.streams or self.transform_fn is not None
 
     @property
     def keeps_sessions(self) -> bool:
@@ -213,31 +244,68 @@ def user_frames_first(error: BaseException):
     return type(error), error, tb
 
 
-def load_hooks(model_dir: str) -> Hooks:
-    path = os.path.join(model_dir, CODE_DIR, SCRIPT)
-    if not os.path.exists(path):
-        return Hooks()
+# The module names user scripts were registered under (a later model's script may take its place).
+_SCRIPT_MODULES = {"inference"}
+
+
+def load_hooks(model_dir: str, script: toolkit.Script | None = None, single: bool = True) -> Hooks:
+    """The hooks of the model in model_dir: script.program in its code/ folder (single:
+    one model serves, so SAGEMAKER_SUBMIT_DIRECTORY may hold the script instead)."""
+    script = script or toolkit.Script()
+    path = script.path(model_dir, single)
+    if path is None:
+        if script.program != SCRIPT:
+            log.warning("SAGEMAKER_PROGRAM=%s but neither %s/%s nor %s holds it: the model has no hooks",
+                        script.program, model_dir, CODE_DIR, script.submit_dir or "SAGEMAKER_SUBMIT_DIRECTORY")
+        return Hooks(default_accept=script.default_accept)
     code_dir = os.path.dirname(path)
+    shown = os.path.relpath(path, model_dir) if path.startswith(os.path.join(model_dir, "")) else path
     # The script may import helper modules that sit beside it, as in SageMaker.
     if code_dir not in sys.path:
         sys.path.insert(0, code_dir)
-    spec = importlib.util.spec_from_file_location("inference", path)
+    spec = importlib.util.spec_from_file_location(script.module_name, path)
     module = importlib.util.module_from_spec(spec)
+    # Under both names: ours of old, and the one the toolkit imports it by (mnist.py -> mnist),
+    # unless that name is another module's (a script named json.py must not replace json).
     sys.modules["inference"] = module
+    if sys.modules.get(script.module_name) is None or script.module_name in _SCRIPT_MODULES:
+        sys.modules[script.module_name] = module
+        _SCRIPT_MODULES.add(script.module_name)
     try:
         spec.loader.exec_module(module)
     except ModuleNotFoundError as e:
         hint = missing_package_hint(e)
-        raise ModuleNotFoundError(f"{CODE_DIR}/{SCRIPT}: {e}{hint}", name=e.name) from e
+        raise ModuleNotFoundError(f"{shown}: {e}{hint}", name=e.name) from e
     found = {name: getattr(module, name) for name in HOOK_NAMES if callable(getattr(module, name, None))}
     # Which of the user's hooks replace a built-in step, said once at start: a typo'd
     # name (predict instead of predict_fn) shows here as a hook missing.
-    hooks = Hooks(**found)
+    hooks = Hooks(**found, script=shown, default_accept=script.default_accept)
     if hooks.close_session is not None and hooks.open_session is None:
-        log.warning("code/%s defines close_session but no open_session: the model keeps no sessions, and "
-                    "close_session is never called", SCRIPT)
-    with_context = [name for name in ("input_fn", "predict_fn", "output_fn")
-                    if getattr(hooks, name.replace("_fn", "_context"))]
-    log.info("hooks: %s from %s/%s%s", ", ".join(found) or f"none (it defines none of {', '.join(HOOK_NAMES)})",
-             CODE_DIR, SCRIPT, f" ({', '.join(with_context)} with context)" if with_context else "")
+        log.warning("%s defines close_session but no open_session: the model keeps no sessions, and "
+                    "close_session is never called", shown)
+    with_context = [name for name in found if name in toolkit.ARITY and _gets_context(hooks, name, found[name])]
+    log.info("hooks: %s from %s%s", ", ".join(found) or f"none (it defines none of {', '.join(HOOK_NAMES)})",
+             shown, f" ({', '.join(with_context)} with context)" if with_context else "")
     return hooks
+
+
+def _gets_context(hooks: Hooks, name: str, fn) -> bool:
+    if name in ("input_fn", "predict_fn", "output_fn"):
+        return getattr(hooks, name.replace("_fn", "_context"))
+    return toolkit.takes_context(fn, name)
+
+
+def load_context(model_dir: str, device):
+    """The context model_fn, pre_model_fn and model_warmup_fn get: no request's, but the
+    toolkit's system_properties."""
+    from smserve.core.context import RequestContext
+
+    context = RequestContext({})
+    context.device = device
+    context.system_properties = toolkit.system_properties(model_dir, device)
+    return context
+
+
+def run_load_hook(hooks: Hooks, name: str, model_dir: str, device, *args):
+    """pre_model_fn, model_fn or model_warmup_fn(model_dir, *args[, context])."""
+    return toolkit.call(getattr(hooks, name), name, (model_dir, *args), lambda: load_context(model_dir, device))

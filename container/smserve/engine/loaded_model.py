@@ -31,7 +31,7 @@ import torch
 from smserve.errors import BadRequest, HTTPError, ServerError
 from smserve.engine import artifacts, batchable, derived
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
-from smserve.engine.hooks import Hooks, load_hooks, missing_package_hint
+from smserve.engine.hooks import Hooks, load_hooks, missing_package_hint, run_load_hook
 from smserve.core.metadata import ModelMetadata
 from smserve.engine.priority import yield_cpu_to_the_loop
 from smserve.engine.staging import HostStaging
@@ -452,14 +452,18 @@ def _converting(what: str):
         raise ServerError(f"{what} cannot be used: {type(e).__name__}: {e}") from e
 
 
-def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mode: str = "off") -> LoadedModel:
+def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mode: str = "off",
+         script=None, single: bool = True) -> LoadedModel:
+    """script: where the hooks are (engine/toolkit.Script); single: one model serves."""
     if not os.path.isdir(model_dir):
         raise ModelLoadError(f"model directory {model_dir} does not exist")
-    hooks = load_hooks(model_dir)
+    hooks = load_hooks(model_dir, script, single)
     metadata = ModelMetadata.load(model_dir)
+    if hooks.pre_model_fn is not None:
+        run_load_hook(hooks, "pre_model_fn", model_dir, device)
     if hooks.model_fn is not None:
         # As in SageMaker's toolkit, model_fn owns its model's device and mode.
-        model = hooks.model_fn(model_dir)
+        model = run_load_hook(hooks, "model_fn", model_dir, device)
         platform = "pytorch_custom"
     elif os.path.exists(os.path.join(model_dir, EXPORTED)):
         program = artifacts.load_exported(os.path.join(model_dir, EXPORTED))
@@ -468,17 +472,19 @@ def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mo
         if metadata is None:
             metadata = derived.from_export(program)
             derived.log_derived(model_dir, EXPORTED, metadata)
-    elif os.path.exists(os.path.join(model_dir, TORCHSCRIPT)):
-        model = artifacts.load_torchscript(os.path.join(model_dir, TORCHSCRIPT), map_location=device)
+    elif (lone := artifacts.torchscript_file(model_dir, hooks.script)) is not None:
+        model = artifacts.load_torchscript(lone, map_location=device)
         platform = "pytorch_torchscript"
         if metadata is None:
             metadata = derived.from_torchscript(model)
-            derived.log_derived(model_dir, TORCHSCRIPT, metadata)
+            derived.log_derived(model_dir, os.path.basename(lone), metadata)
     else:
         raise ModelLoadError(
-            f"{model_dir} holds neither {EXPORTED} (torch.export) nor {TORCHSCRIPT} (TorchScript), "
-            "and code/inference.py defines no model_fn"
+            f"{model_dir} holds neither {EXPORTED} (torch.export) nor {TORCHSCRIPT} (TorchScript) nor one other "
+            f"*.pt/*.pth TorchScript file, and {hooks.script} defines no model_fn"
         )
+    if hooks.model_warmup_fn is not None:
+        run_load_hook(hooks, "model_warmup_fn", model_dir, device, model)
     if metadata is None:
         metadata = ModelMetadata(platform=platform)
     elif metadata.platform == ModelMetadata.platform:
@@ -495,9 +501,10 @@ def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mo
     return loaded
 
 
-def load_and_warm(model_dir: str, device: torch.device, autocast: str = "off", compile_mode: str = "off") -> LoadedModel:
+def load_and_warm(model_dir: str, device: torch.device, autocast: str = "off", compile_mode: str = "off",
+                  script=None, single: bool = True) -> LoadedModel:
     started = time.monotonic()
-    loaded = load(model_dir, device, autocast, compile_mode)
+    loaded = load(model_dir, device, autocast, compile_mode, script, single)
     warmed = loaded.warm_up()
     log.info(
         "model loaded from %s on %s in %.2fs (%s; autocast %s, compile %s%s)",

@@ -48,6 +48,7 @@ FOLLOW_S = 0.02
 ROOM_FILE = "room.json"
 ROOM_SHARE = 0.9  # of the memory left free when the first model came
 MODEL_FILES = (EXPORTED, TORCHSCRIPT)
+MODEL_SUFFIXES = (".pt", ".pth")  # artifacts.torchscript_file's lone file
 # A TorchScript model this big holds a worker's GIL for ~0.2 s or more while it loads.
 BIG_TORCHSCRIPT_BYTES = 256 * 1024 * 1024
 TORCHSCRIPT_GIL_S_PER_GB = 0.7
@@ -240,7 +241,9 @@ class MultiModelServer:
     def load(self, name: str, url: str) -> None:
         """POST /models: returns once every worker has loaded and warmed the model."""
         check_name(name)
-        _check_model_folder(url, self.settings.models_root)
+        if self.shared.get(name) is not None:  # 409 before the url is judged, as the toolkit's server answers
+            raise Conflict(f"Model {name!r} is already loaded")
+        _check_model_folder(url, self.settings.models_root, self.settings.program)
         _warn_of_a_big_torchscript(name, url)
         self._prepared.wait()  # (a call in the worker's first seconds, while torch comes in)
         self._check_room_before()
@@ -440,7 +443,7 @@ def _clear_torch_caches(generated: set[str]) -> None:
         pass
 
 
-def _check_model_folder(url: str, root: str) -> None:
+def _check_model_folder(url: str, root: str, program: str = "inference.py") -> None:
     """The folder must be under the models root (SMSERVE_MODELS_ROOT): loading a model
     runs its code/inference.py, so the container trusts whoever may call POST /models
     (SageMaker, which copies models there) only as far as that folder. The path is
@@ -453,11 +456,13 @@ def _check_model_folder(url: str, root: str) -> None:
         raise BadRequest(f"{url[:200]!r} is not a folder under {root}: models are loaded from there only "
                          "(SMSERVE_MODELS_ROOT)")
     if not os.path.isdir(url):
-        raise BadRequest(f"no model folder at {url}")
+        # 404, as the toolkit's model server answers it (the url names nothing there).
+        raise NotFound(f"no model folder at {url}")
     if not any(os.path.isfile(os.path.join(url, f)) for f in MODEL_FILES) \
-            and not os.path.isfile(os.path.join(url, "code", "inference.py")):
-        raise BadRequest(f"{url} holds no model: expected {' or '.join(MODEL_FILES)}, or code/inference.py "
-                         "with a model_fn")
+            and not any(f.endswith(MODEL_SUFFIXES) for f in os.listdir(url)) \
+            and not os.path.isfile(os.path.join(url, "code", program)):
+        raise BadRequest(f"{url} holds no model: expected {' or '.join(MODEL_FILES)} (or one *.pt/*.pth TorchScript "
+                         f"file), or code/{program} with a model_fn")
 
 
 def _warn_of_a_big_torchscript(name: str, url: str) -> None:

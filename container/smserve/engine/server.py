@@ -16,7 +16,7 @@ import numpy as np
 from gevent.threadpool import ThreadPool
 
 from smserve import metrics
-from smserve.engine import hardware, readiness
+from smserve.engine import hardware, readiness, toolkit
 from smserve.engine.artifacts import ModelLoadError
 from smserve.engine.hook_chain import HookChain
 from smserve.engine.hooks import hook_error
@@ -148,7 +148,8 @@ class ModelServer:
         if device.type == "cpu":
             torch.set_num_threads(self.settings.torch_threads or max(1, hardware.cpu_count() // self.workers))
         self.model = model_module.load_and_warm(self.model_dir, device,
-                                                self.settings.autocast, self.settings.compile_mode)
+                                                self.settings.autocast, self.settings.compile_mode,
+                                                script=toolkit.script_of(self.settings), single=self.name is None)
         self.hook_processes = self._start_hook_processes()
 
     def _start_hook_processes(self):
@@ -164,7 +165,7 @@ class ModelServer:
             return None
         from smserve.engine.hook_processes import HookProcesses
 
-        processes = HookProcesses(self.model_dir, wanted)
+        processes = HookProcesses(self.model_dir, wanted, single=self.name is None)
         log.info("hook processes: %d run %s (SMSERVE_HOOK_PROCESSES; pids %s)", wanted,
                  " and ".join(n for n in ("input_fn", "output_fn") if getattr(hooks, n) is not None),
                  ", ".join(map(str, processes.pids)))
@@ -254,6 +255,7 @@ class ModelServer:
         thread (it may put tensors on the device)."""
         hook = self.model.hooks.open_session
         context.device = self.model.device
+        context.system_properties = self.system_properties
 
         def run():
             try:
@@ -272,6 +274,7 @@ class ModelServer:
         context = context if context is not None else RequestContext({})  # (at expiry: no request)
         context.session, context.session_id, context.close_reason = state, session_id, how
         context.device = self.model.device
+        context.system_properties = self.system_properties
 
         def run():
             try:
@@ -317,10 +320,19 @@ class ModelServer:
         self.check_ready()
         return self.hook_chain.input(message)
 
+    @property
+    def system_properties(self) -> dict:
+        """The hooks' context.system_properties (the toolkit's), made once per model."""
+        made = getattr(self, "_system_properties", None)
+        if made is None:
+            made = self._system_properties = toolkit.system_properties(self.model_dir, self.model.device)
+        return made
+
     def hook_context(self, message):
         """The message's context as the model's hooks get it: naming the model's device."""
         context = message.context
         context.device = self.model.device
+        context.system_properties = self.system_properties
         return context
 
     def infer_with_hooks(self, value, message, accept: str, encode, decoded: bool = False):
@@ -394,6 +406,9 @@ class ModelServer:
 def batching_note(hooks, max_batch: int) -> str:
     """What batches across requests and what does not, and which hook decides: said
     once at the start."""
+    if hooks.transform_fn is not None:
+        return ("off: transform_fn reads one body and answers it, so each request runs alone (input_fn, predict_fn "
+                "and output_fn instead batch the model's passes across requests)")
     if max_batch <= 0:
         return ("off: each request is one forward pass, whole (max_batch_size 0: metadata.json declares no batch "
                 "dimension, or none was derived; set max_batch_size > 0 to batch along dimension 0)")

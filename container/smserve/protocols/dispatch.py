@@ -162,10 +162,10 @@ def _encode_v2(inference, results, metadata):
         return v2.encode_response(v2.build_response(inference, results, metadata))
 
 
-def encode_simple(outputs, accept: str, labels=None):
+def encode_simple(outputs, accept: str, labels=None, wrapped: bool = True):
     """simple.encode, its failures on a model's outputs answered as such."""
     with _writing(accept):
-        return simple.encode(outputs, accept, labels)
+        return simple.encode(outputs, accept, labels, wrapped)
 
 
 @contextlib.contextmanager
@@ -236,7 +236,7 @@ class Hooks(Protocol):
         def encode(outputs):
             if refusal is not None:
                 raise refusal
-            return encode_simple(outputs, builtin, labels)
+            return encode_simple(outputs, builtin, labels, simple.wraps_records(message.body, message.content_type))
 
         # The user's output_fn may speak types we do not: it gets the client's first choice.
         accept = preferred(message.accept, default) if hooks.output_fn is not None else builtin
@@ -332,6 +332,7 @@ def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
         # Only what predict_fn returns tells whether a stream type would do.
         accept, refusal = None, e
     labels = answer_labels(message.accept, accept, server.metadata) if refusal is None else None
+    wrapped = simple.wraps_records(message.body, message.content_type)
     if accept in LINE_TYPES and server.passes(inputs) > 1:
         # Many records in a line format: each pass's lines leave as the pass ends, so
         # the first lines go out before the last pass runs. The first pass runs before
@@ -348,7 +349,7 @@ def simple_reply(server, settings: Settings, message: Message, inputs) -> Reply:
         return streamed_reply(server, message, outputs)
     if refusal is not None:
         raise refusal
-    payload, media_type = server.codec(_nbytes(outputs), encode_simple, outputs, accept, labels)
+    payload, media_type = server.codec(_nbytes(outputs), encode_simple, outputs, accept, labels, wrapped)
     return Reply(payload, {"Content-Type": media_type})
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import gevent
 import orjson
 
 from smserve.codecs import contentcoding
 from smserve.core.context import CUSTOM_ATTRIBUTES, RequestContext, response_custom_attributes
-from smserve.errors import NotFound
+from smserve.errors import AnswerTimeout, NotFound
 from smserve.protocols import dispatch
 from smserve.routes import sessions
 from smserve.routes.table import Request, Response, json_response, when_answered
@@ -46,6 +47,12 @@ def invocation(server, settings: Settings, request: Request) -> Response:
     """An inference: the protocol is chosen by the protocol table; a route only moves the
     request in and the reply out."""
     body = request_body(server, settings, request)
+    # The answer's deadline (SAGEMAKER_MODEL_SERVER_TIMEOUT, or the PyTorch containers'
+    # SAGEMAKER_TS_RESPONSE_TIMEOUT): past it the client gets a 504 at once, and the
+    # pass it waited for still ends on the inference thread, its result dropped, so the
+    # worker and the other requests go on. A streamed answer's deadline is its first part.
+    deadline = gevent.Timeout(settings.request_timeout)
+    deadline.start()
     try:
         message = dispatch.Message.from_http(body.body, request.header, context_of(request))
         if sessions.in_session(request):
@@ -53,9 +60,17 @@ def invocation(server, settings: Settings, request: Request) -> Response:
                                      reply_response)
         else:
             answer = reply_response(dispatch.answer(message, server, settings), message)
+    except gevent.Timeout as e:
+        body.release()
+        if e is not deadline:
+            raise
+        raise AnswerTimeout(f"the model did not answer within {settings.request_timeout} s "
+                            "(SAGEMAKER_MODEL_SERVER_TIMEOUT); the worker goes on") from None
     except BaseException:
         body.release()
         raise
+    finally:
+        deadline.close()
     return when_answered(answer, body.release)
 
 

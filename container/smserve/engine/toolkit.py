@@ -1,0 +1,130 @@
+"""The parts of the SageMaker PyTorch inference toolkit's hook contract that are not ours
+by birth, so that a script written for AWS's PyTorch containers runs here unchanged:
+
+- which script: `SAGEMAKER_PROGRAM` (what the SDK's `entry_point` sets) names it, in the
+  model's `code/` folder, else in `SAGEMAKER_SUBMIT_DIRECTORY` where that is a local folder;
+- the context by arity: the toolkit hands a hook its context when the hook has one
+  parameter more than the call's arguments (`model_fn(model_dir, context)`,
+  `input_fn(body, content_type, context)`, ...), whatever that parameter is called;
+- `transform_fn(model, body, content_type, accept[, context])`, which does all three
+  steps, and so excludes input_fn, predict_fn and output_fn (the toolkit refuses the mix);
+- `pre_model_fn(model_dir[, context])` before model_fn, `model_warmup_fn(model_dir,
+  model[, context])` after it;
+- the context's `system_properties` (`model_dir`, `gpu_id`), as the toolkit's model
+  server fills them.
+
+No torch here: the gunicorn master reads the script's location too.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+
+from smserve.errors import BadRequest
+
+DEFAULT_PROGRAM = "inference.py"
+CODE_DIR = "code"
+# Each hook's arguments before the optional context, as the toolkit calls it.
+# The request types whose body the toolkit hands transform_fn as a str, not bytes.
+TEXT_TYPES = ("application/json", "text/csv")
+ARITY = {"model_fn": 1, "pre_model_fn": 1, "model_warmup_fn": 2, "input_fn": 2, "predict_fn": 2,
+         "output_fn": 2, "transform_fn": 4}
+
+
+@dataclass(frozen=True)
+class Script:
+    """Where a model's hooks are: `program` in the model's code/ folder, else (a single
+    model only: each multi-model model brings its own code/) in submit_dir."""
+
+    program: str = DEFAULT_PROGRAM
+    submit_dir: str | None = None
+    # The Accept a transform_fn is handed when the request names none (or */*), as the
+    # toolkit does: SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT, else application/json.
+    default_accept: str = "application/json"
+
+    def path(self, model_dir: str, single: bool = True) -> str | None:
+        """The script's file for the model in model_dir, or None when there is none."""
+        candidates = [os.path.join(model_dir, CODE_DIR, self.program)]
+        if single and self.submit_dir:
+            candidates.append(os.path.join(self.submit_dir, self.program))
+        return next((path for path in candidates if os.path.isfile(path)), None)
+
+    @property
+    def module_name(self) -> str:
+        """The module's name, as the toolkit imports it (mnist.py -> mnist)."""
+        return self.program[:-3] if self.program.endswith(".py") else self.program
+
+
+def script_of(settings) -> Script:
+    """The Script the settings describe (settings.Settings, read once at start)."""
+    submit = settings.submit_directory
+    local = submit if submit and "://" not in submit and os.path.isdir(submit) else None
+    return Script(settings.program, local, settings.default_accept or "application/json")
+
+
+def takes_context(fn, name: str) -> bool:
+    """Whether the toolkit would hand fn a context: it has exactly one positional
+    parameter more than the call's arguments. (*args and **kwargs count as one each
+    there, and fail at the call; here they take none, so such a hook gets the plain call.)"""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin or an object without a signature
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return len(parameters) == ARITY[name] + 1 and parameters[-1].kind in positional
+
+
+def call(fn, name: str, args: tuple, context_of):
+    """fn(*args), with the context (context_of()) last when fn takes one by arity."""
+    if takes_context(fn, name):
+        return fn(*args, context_of())
+    return fn(*args)
+
+
+def system_properties(model_dir: str, device) -> dict:
+    """The toolkit's context.system_properties: the model's folder, and the worker's GPU
+    (None on the CPU, where the toolkit's model server has none either)."""
+    gpu = device.index if device is not None and device.type == "cuda" else None
+    return {"model_dir": model_dir, "gpu_id": gpu}
+
+
+class TransformRequest:
+    """A request for transform_fn: the body whole, as the model gets it. Not a tensor
+    or array, so the batcher runs it alone (a transform_fn answers one body)."""
+
+    __slots__ = ("body", "content_type", "accept")
+
+    def __init__(self, body, content_type: str, accept: str):
+        self.body, self.content_type, self.accept = body, content_type, accept
+
+
+def from_transform_fn(transform_fn, default_accept: str) -> dict:
+    """input_fn, predict_fn and output_fn that together are transform_fn: the first
+    carries the body over, the second runs transform_fn where the model runs (the
+    inference thread, so a GPU model gets its device and stream), the third hands its
+    answer back as the toolkit does (a (body, content type) tuple, or the body in the
+    Accept's type)."""
+    with_context = takes_context(transform_fn, "transform_fn")
+
+    def input_fn(body, content_type, context):
+        accept = context.headers.get("Accept")
+        if not accept or accept.strip() == "*/*":
+            accept = default_accept
+        if content_type.split(";")[0].strip().lower() in TEXT_TYPES:
+            body = bytes(body).decode("utf-8")  # as the toolkit hands these over (a bad byte: 400)
+        return TransformRequest(body, content_type, accept)
+
+    def predict_fn(request, model, context):
+        if not isinstance(request, TransformRequest):  # a KServe v2 request: decoded by the protocol, no body
+            raise BadRequest("this model answers through its transform_fn, which reads the request's own body: "
+                             "send it to /invocations in the script's format, not as KServe v2")
+        args = (model, request.body, request.content_type, request.accept)
+        answer = transform_fn(*args, context) if with_context else transform_fn(*args)
+        return answer if isinstance(answer, tuple) else (answer, request.accept)
+
+    def output_fn(answer, accept):
+        return answer
+
+    return {"input_fn": input_fn, "predict_fn": predict_fn, "output_fn": output_fn}
