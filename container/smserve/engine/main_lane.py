@@ -20,6 +20,7 @@ threads (the inference thread, the hook and codec threads) call torch directly.
 
 from __future__ import annotations
 
+import _queue
 import collections
 from typing import Callable
 
@@ -30,6 +31,7 @@ from gevent import monkey
 from greenlet import getcurrent
 
 _thread_id = monkey.get_original("_thread", "get_ident")  # the OS thread's, whatever gevent patched
+_start_thread = monkey.get_original("_thread", "start_new_thread")
 
 _STOP = object()
 
@@ -57,7 +59,9 @@ def on_own_stack() -> bool:
 def call(fn: Callable, *args):
     """fn(*args) where a torch error is an exception, not a crash: here when the caller
     is on its thread's own stack, else on the main greenlet (or, where no worker serves
-    the lane, as in a unit test's greenlets, on a real thread of the hub's pool)."""
+    the lane, as in a unit test's greenlets, on a real thread while this one waits
+    without yielding: the call keeps its place among the greenlets, as a direct call
+    would)."""
     current = getcurrent()
     lane = _lane
     if current.parent is None or (lane.main is not None and _thread_id() != lane.thread):
@@ -66,7 +70,7 @@ def call(fn: Callable, *args):
         # a main greenlet that never runs again, so the frames below it stay whole).
         return fn(*args)
     if lane.main is None:
-        return get_hub().threadpool.apply(fn, args)
+        return _aside(fn, args)
     if lane.idle:
         lane.idle = False
         ok, value = lane.main.switch((current, fn, args))
@@ -137,6 +141,30 @@ def _serve() -> None:
             reply = (caller, _outcome(fn, args))
     finally:
         lane.main, lane.idle = None, False
+
+
+_aside_tasks: _queue.SimpleQueue | None = None
+
+
+def _aside(fn: Callable, args: tuple):
+    """fn(*args) on a raw thread of its own, this thread blocked meanwhile (no switch)."""
+    global _aside_tasks
+    if _aside_tasks is None:
+        _aside_tasks = _queue.SimpleQueue()
+        _start_thread(_run_aside, (_aside_tasks,))
+    reply = _queue.SimpleQueue()
+    _aside_tasks.put((fn, args, reply))
+    ok, value = reply.get()
+    if ok:
+        return value
+    raise value
+
+
+def _run_aside(tasks: _queue.SimpleQueue) -> None:
+    while True:
+        fn, args, reply = tasks.get()
+        reply.put(_outcome(fn, args))
+        del fn, args, reply
 
 
 def _outcome(fn: Callable, args: tuple) -> tuple[bool, object]:
