@@ -17,7 +17,7 @@ import logging
 
 from smserve.engine import batchable, main_lane
 from smserve.engine.hooks import hook_error
-from smserve.engine.runner import records_in
+from smserve.engine.passes import records_in
 
 log = logging.getLogger(__name__)
 

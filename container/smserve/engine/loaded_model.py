@@ -30,6 +30,7 @@ import torch
 
 from smserve.errors import BadRequest, HTTPError, ServerError
 from smserve.engine import artifacts, batchable, derived
+from smserve.engine.conversion import converting, to_numpy
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
 from smserve.engine.hooks import Hooks, load_hooks, missing_package_hint, run_load_hook
 from smserve.core.metadata import ModelMetadata
@@ -91,7 +92,7 @@ class LoadedModel:
         the built-in decoding, for its hooks): rebuilt as it was, its tensors on this
         model's device, and the prediction comes back as predict_fn made it when an
         output_fn is to read it."""
-        with _converting("the model's input"):
+        with converting("the model's input"):
             if form is None:
                 data = self.to_model_input(inputs)
             else:
@@ -102,7 +103,7 @@ class LoadedModel:
     def predict_value(self, value, context=None):
         """Run the model (or predict_fn) on what input_fn returned when it is no batch
         (engine/batchable.py): whole, its tensors moved to this model's device."""
-        with _converting("what input_fn returned"):
+        with converting("what input_fn returned"):
             data = self.on_device(value)
         return self.answer(self.predict_data(data, context), raw=True)
 
@@ -241,13 +242,13 @@ class LoadedModel:
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
     def outputs_to_numpy(self, prediction) -> dict[str, np.ndarray]:
-        with _converting("the model's output"):
+        with converting("the model's output"):
             return self._outputs_to_numpy(prediction)
 
     def _outputs_to_numpy(self, prediction) -> dict[str, np.ndarray]:
         names = [spec.name for spec in self.metadata.outputs]
         if isinstance(prediction, dict):
-            return {str(k): self._declared(str(k), _to_numpy(v)) for k, v in prediction.items()}
+            return {str(k): self._declared(str(k), to_numpy(v)) for k, v in prediction.items()}
         if isinstance(prediction, (tuple, list)) and prediction and not _is_scalar_list(prediction):
             values = list(prediction)
         else:
@@ -255,7 +256,7 @@ class LoadedModel:
         out = {}
         for i, value in enumerate(values):
             name = names[i] if i < len(names) else f"output__{i}"
-            out[name] = self._declared(name, _to_numpy(value))
+            out[name] = self._declared(name, to_numpy(value))
         return out
 
     def _declared(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -408,48 +409,6 @@ def _tensors_list(value) -> bool:
 
 def _is_scalar_list(value) -> bool:
     return all(isinstance(v, (int, float, bool)) for v in value)
-
-
-def _to_numpy(value) -> np.ndarray:
-    """An output as a numpy array, whatever tensor it is: dense, on the CPU, in a dtype
-    numpy has (bfloat16 and the float8 kinds as float32: BF16 travels as the upper
-    half of float32)."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach()
-        if value.device.type == "meta":
-            raise ValueError("it is a meta tensor, which holds no data")
-        if value.is_nested:
-            raise ValueError("it is a nested tensor, whose rows differ in shape: return a dense tensor, "
-                             "or write the answer in an output_fn")
-        if value.layout != torch.strided:
-            value = value.to_dense()
-        if value.is_quantized:
-            value = value.dequantize()
-        value = value.cpu().resolve_conj().resolve_neg()
-        if value.dtype not in _NUMPY_DTYPES:
-            value = value.float()
-        return value.numpy()
-    array = np.asarray(value)
-    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
-
-
-# The tensor dtypes numpy holds as they are; any other (bfloat16, the float8 kinds)
-# answers as float32.
-_NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
-                 torch.uint32, torch.uint64, torch.float16, torch.float32, torch.float64, torch.complex64,
-                 torch.complex128}
-
-
-@contextlib.contextmanager
-def _converting(what: str):
-    """A value that cannot be made into what comes next (a tensor moved to the device,
-    an output made into an array) is a 500 that says so, never an unhandled error."""
-    try:
-        yield
-    except HTTPError:
-        raise
-    except Exception as e:  # noqa: BLE001 - named for the answer
-        raise ServerError(f"{what} cannot be used: {type(e).__name__}: {e}") from e
 
 
 def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mode: str = "off",

@@ -23,14 +23,14 @@ from gevent import monkey
 
 from smserve import metrics
 from smserve.engine import batchable, main_lane
+from smserve.engine.passes import Arrays, concatenate, pass_rows, records_in, rows_of, split_outputs
 from smserve.engine.hooks import is_stream, user_frames_first
 from smserve.engine.model_thread import ModelThread
 from smserve.engine.priority import poll_clock, yield_cpu_to_the_loop
-from smserve.errors import BadRequest, HTTPError, ServerError
+from smserve.errors import HTTPError, ServerError
 
 log = logging.getLogger(__name__)
 
-Arrays = dict[str, np.ndarray]
 # (input name, the requests' arrays) -> one array, concatenated along dimension 0.
 Stage = Callable[[str, list[np.ndarray]], np.ndarray]
 # A real lock: model code runs on real threads, which must block on it without the hub.
@@ -91,7 +91,7 @@ class Runner:
         # model is not idle meanwhile, though the queue is empty.
         self._waiting: _Pending | None = None
         self._predict: Callable[[Arrays], Arrays] | None = None
-        self._stage: Stage = _concatenate
+        self._stage: Stage = concatenate
         self._queue: Queue = Queue()
         self._held: _Pending | None = None  # taken from the queue but did not fit the last batch
         # A pass's prediction could not be cut back into its requests (batchable.split):
@@ -159,13 +159,13 @@ class Runner:
         if any(is_stream(r) for r in results):
             return self._whole(results, inputs, context, form)
         if form is not None:
-            return main_lane.call(batchable.join, results, _pass_rows(_rows(inputs), self.max_batch_size))
+            return main_lane.call(batchable.join, results, pass_rows(rows_of(inputs), self.max_batch_size))
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     def passes(self, inputs: Arrays) -> int:
         if self.max_batch_size <= 0 or not inputs:
             return 1
-        return max(1, -(-_rows(inputs) // self.max_batch_size))
+        return max(1, -(-rows_of(inputs) // self.max_batch_size))
 
     def infer_by_pass(self, inputs: Arrays, context=None) -> Iterator[Arrays]:
         """The outputs of each forward pass, in order, as each pass ends. A request
@@ -211,7 +211,7 @@ class Runner:
             raise ServerError("model is not loaded")
         if self.max_batch_size <= 0 or not inputs:
             return self._lone(inputs, context, form)
-        rows = _rows(inputs)
+        rows = rows_of(inputs)
         if rows == self.max_batch_size and self._idle():
             # A request that fills a pass by itself, with no pass to wait for: nothing can
             # join it, so it skips the batcher's queue and hand-offs. (A smaller request
@@ -240,7 +240,7 @@ class Runner:
     def _chunks(self, inputs: Arrays, form) -> list[_Pending]:
         size = self.max_batch_size
         chunks = [_Pending({k: v[i * size : i * size + rows] for k, v in inputs.items()}, rows, form)
-                  for i, rows in enumerate(_pass_rows(_rows(inputs), size))]
+                  for i, rows in enumerate(pass_rows(rows_of(inputs), size))]
         for chunk, following in zip(chunks, chunks[1:]):
             chunk.follow = following
         return chunks
@@ -389,7 +389,7 @@ class Runner:
         try:
             _, outputs = self._forward(sum(rows), self._predict_parts, (arrays, form))
             # (A model's own prediction is cut where torch may raise: engine/main_lane.py.)
-            parts = _split(outputs, rows) if form is None else main_lane.call(batchable.split, outputs, rows)
+            parts = split_outputs(outputs, rows) if form is None else main_lane.call(batchable.split, outputs, rows)
         except batchable.Unsplittable as e:
             # Not a request's fault, nor a pass's: the model's answers have no batch
             # dimension. Said once; from now on its requests run alone.
@@ -488,46 +488,3 @@ def _timed(fn, args):
     cpu = time.thread_time()
     result = fn(*args)
     return started, result, time.thread_time() - cpu
-
-
-def records_in(data) -> int:
-    """The records a model's input holds, for the metrics: dimension 0 of its (first)
-    array or tensor, or its length; 1 for anything else."""
-    if isinstance(data, dict) and data:
-        data = next(iter(data.values()))
-    shape = getattr(data, "shape", None)
-    if shape is not None:
-        return int(shape[0]) if len(shape) else 1
-    if isinstance(data, (list, tuple)):
-        return len(data)
-    return 1
-
-
-def _concatenate(name: str, parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts)
-
-
-def _pass_rows(rows: int, size: int) -> list[int]:
-    """The records of each pass a request of `rows` records takes at `size` a pass (one
-    pass of 0 for an empty request)."""
-    return [min(size, rows - start) for start in range(0, max(rows, 1), size)]
-
-
-def _rows(inputs: Arrays) -> int:
-    counts = {a.shape[0] if a.ndim else 1 for a in inputs.values()}
-    if len(counts) != 1:
-        raise BadRequest(f"inputs disagree on the batch dimension: {sorted(counts)}")
-    return counts.pop()
-
-
-def _split(outputs: Arrays, rows: list[int]) -> list[Arrays]:
-    total = sum(rows)
-    for name, array in outputs.items():
-        if array.ndim == 0 or array.shape[0] != total:
-            raise ValueError(f"output {name!r} has shape {list(array.shape)}, not {total} rows")
-    parts = []
-    start = 0
-    for n in rows:
-        parts.append({name: array[start:start + n] for name, array in outputs.items()})
-        start += n
-    return parts
