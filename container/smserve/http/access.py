@@ -35,6 +35,8 @@ _NEW_SESSION_HEADER = session_ids.NEW_SESSION_ID.lower()
 # The id a caller gave InvokeEndpoint (InferenceId), else SageMaker's own request id.
 INFERENCE_ID_KEYS = ("HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID", "HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_TRACE_ID",
                      "HTTP_X_REQUEST_ID")
+# What the line reads of an environ.
+_LINE_KEYS = ("PATH_INFO", "REQUEST_METHOD", "REMOTE_ADDR", SESSION_KEY) + REQUEST_ID_KEYS
 # A caller's id is written as sent up to this length (SageMaker's InferenceId: 64).
 MAX_ID_CHARS = 256
 # What a request that no route took is counted as: never its raw path, which a
@@ -102,6 +104,20 @@ def log_request(environ: dict | Callable[[], dict], status: int, sent: int, star
     level = logging.DEBUG if status == 200 and quiet else logging.INFO
     if not log.isEnabledFor(level):
         return
+    lines = _lines
+    if lines is not None:
+        if type(environ) is dict:
+            # (A WSGI environ holds the body: only what the line reads waits with it.)
+            environ = {key: environ[key] for key in _LINE_KEYS if key in environ}
+        lines.add(logging.getLevelName(level), (environ, status, sent, seconds, route, headers))
+        return
+    message, fields = describe(environ, status, sent, seconds, route, headers, True)
+    log.log(level, "%s", message, extra={"fields": fields})
+
+
+def describe(environ: dict | Callable[[], dict], status: int, sent: int, seconds: float, route: str,
+             headers, with_fields: bool) -> tuple[str, dict | None]:
+    """A request's access line: its text message, and its fields for the JSON form."""
     environ = _made(environ)
     path = environ.get("PATH_INFO", "")
     method = environ.get("REQUEST_METHOD", "-")
@@ -117,10 +133,8 @@ def log_request(environ: dict | Callable[[], dict], status: int, sent: int, star
                                               _token(inference_id))
     if session is not None:
         message += " session=" + _token(session)
-    lines = _lines
-    if lines is not None and not lines.json:
-        lines.add(logging.getLevelName(level), message, None)  # the text line has no separate fields
-        return
+    if not with_fields:
+        return message, None
     fields = {
         "method": method,
         "path": path,
@@ -138,10 +152,7 @@ def log_request(environ: dict | Callable[[], dict], status: int, sent: int, star
         fields["request_id"] = request_id
     if session is not None:
         fields["session_id"] = session
-    if lines is not None:
-        lines.add(logging.getLevelName(level), message, fields)
-    else:
-        log.log(level, "%s", message, extra={"fields": fields})
+    return message, fields
 
 
 def buffer_lines(fmt: str) -> None:
@@ -152,7 +163,7 @@ def buffer_lines(fmt: str) -> None:
     import gevent  # here: only a worker runs a hub (the master imports this module too)
 
     timer = gevent.get_hub().loop.timer(logs.ACCESS_FLUSH_S)
-    _lines = logs.AccessLines(fmt, sys.stderr.fileno(), timer.start)
+    _lines = logs.AccessLines(fmt, sys.stderr.fileno(), timer.start, describe)
     atexit.register(flush)
 
 
