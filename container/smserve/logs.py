@@ -144,6 +144,21 @@ class AccessLines:
             pass  # stderr gone (as logging's handler would): lines lost, never a request failed
 
 
+# The worker's AccessLines (access.buffer_lines), for every way out of the process.
+_exiting_flushes: list[AccessLines] = []
+
+
+def flush_on_exit(lines: AccessLines) -> None:
+    """lines are written by flush_access_lines(), which each way a worker ends calls."""
+    _exiting_flushes.append(lines)
+
+
+def flush_access_lines() -> None:
+    """Writes the access lines the worker holds (nothing outside a worker)."""
+    for lines in _exiting_flushes:
+        lines.flush()
+
+
 def _json_value(value) -> str:
     """A value as json.dumps writes it (its default separators, ASCII), without the
     encoder's set-up, which costs more than the few values of an access line."""

@@ -85,3 +85,35 @@ def test_two_workers_writing_one_pipe_never_mix_their_lines(model, tmp_path):
     entries = [json.loads(line) for line in access]  # a line holding part of another does not parse
     assert sorted(e["inference_id"] for e in entries if e["path"] == "/invocations") == ids
     assert len({e["pid"] for e in entries}) == 2, "one worker answered everything: nothing shared the pipe"
+
+
+FAILS_TO_LOAD = '''
+import time
+
+
+def model_fn(model_dir):
+    time.sleep(2)
+    raise RuntimeError("this model does not load")
+'''
+
+
+def test_a_worker_stopping_the_server_writes_its_lines_first(tmp_path):
+    """SMSERVE_EXIT_ON_LOAD_ERROR: the worker ends the process itself (os._exit); every
+    ping it answered (503 while loading) has its line. (The pings rarely meet the last
+    0.1 s before the exit, so this guards the lines, not that last flush alone.)"""
+    model = model_dir_with(tmp_path, FAILS_TO_LOAD, "fails")
+    server = ServerProcess(model, {"SMSERVE_EXIT_ON_LOAD_ERROR": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "1"},
+                           log_path=tmp_path / "log").start(wait=False)
+    answered: list[int] = []
+    try:
+        while server.proc.poll() is None:
+            try:
+                answered.append(requests.get(server.url + "/ping", timeout=2).status_code)
+            except requests.RequestException:
+                pass
+    finally:
+        server.terminate()
+    assert server.proc.returncode == 3
+    assert 503 in answered, "no ping was answered while the model loaded"
+    for status in set(answered):
+        assert server.log().count(f'"GET /ping" {status} ') == answered.count(status), server.log()[-3000:]

@@ -137,7 +137,7 @@ def test_log_request_writes_through_the_buffer_what_logging_would_log(monkeypatc
         for fmt in ("text", "json"):
             monkeypatch.setattr(access, "_lines", logs.AccessLines(fmt, write, Scheduled(), access.describe))
             access.log_request(environ, 200, 419, started, route="/invocations")
-            access.flush()
+            access._lines.flush()
             line = drain(read).decode()
             if fmt == "text":
                 assert line.endswith(f"INFO smserve.access: {record.getMessage()}\n")

@@ -164,13 +164,13 @@ def buffer_lines(fmt: str) -> None:
 
     timer = gevent.get_hub().loop.timer(logs.ACCESS_FLUSH_S)
     _lines = logs.AccessLines(fmt, sys.stderr.fileno(), timer.start, describe)
+    logs.flush_on_exit(_lines)
     atexit.register(flush)
 
 
 def flush() -> None:
     """Writes the access lines still buffered (a no-op outside a worker)."""
-    if _lines is not None:
-        _lines.flush()
+    logs.flush_access_lines()
 
 
 def _made(environ):
