@@ -2,8 +2,8 @@ r"""Throughput side by side: our server against a raw handler (the ceiling), a b
 handler and PyTriton.
 
     .venv/bin/python bench/bench_peers.py [--scenario protocols|compute|cores] [--seconds 8]
-        [--rounds 2] [--pin] [--no-triton] [--pytriton-python /tmp/pytriton_venv/bin/python]
-        [--baseline GIT-REF]
+        [--rounds 2] [--pin] [--tuned] [--protocols npy,json,v2] [--no-flask] [--no-triton]
+        [--pytriton-python /tmp/pytriton_venv/bin/python] [--baseline GIT-REF]
 
 Scenarios (each prints one table):
   protocols (default)  the rows below, at batch 1 and 256, concurrency 16;
@@ -39,13 +39,19 @@ and serves it, all at once, from (the peers are the files in bench/peers/)
     then --pytriton-python /tmp/pytriton_venv/bin/python (or PYTRITON_PYTHON). (A
     `pip install --target` folder on PYTHONPATH does not work: Triton's Python backend
     stub ignores PYTHONPATH.)
-Each server runs one worker with one torch thread. Every case is answered once before
+Our server runs at its defaults, as a user starts it (no SMSERVE_LOG_LEVEL: info, an access
+line per request); --tuned also serves it at the tuned settings (TUNED: SMSERVE_LOG_LEVEL=
+warning, no access line), interleaved with the rest, and adds a "vs tuned" column, so the
+table prints both and what the access line costs. Each server runs one worker with one
+torch thread. Every case is answered once before
 the load and its answer compared with the model's own (a wrong answer is printed, not
 hidden). Then `hey` (apt-get install hey) drives each case at concurrency 16 for
 --seconds, interleaved round by round (A, B, C, ..., A, B, C, ...) so that noise on a
 shared machine hits all of them alike; each round's req/s is kept to show the spread.
 --pin pins every server to core 0 and hey to core 1, so that the load generator does not
 take the server's core.
+--protocols (protocols scenario) picks our rows' protocols (npy, json, v2); --no-flask
+leaves the bare Flask peer out.
 --baseline REF (protocols scenario) also serves our server as it was at git commit REF
 (`git archive REF container`, run with this venv), in the same three protocols and
 interleaved with the rest, and adds a "vs REF" column: before/after ratios measured in one
@@ -86,6 +92,9 @@ IN_DIM, HIDDEN, OUT_DIM, MAX_BATCH = 64, 256, 16, 256
 IHCL = "Inference-Header-Content-Length"
 PING_PERIOD_S = 0.05
 NPY = "application/x-npy"
+# --tuned: our server as an operator tunes it for throughput (no access line).
+TUNED = {"SMSERVE_LOG_LEVEL": "warning"}
+PROTOCOLS = {"npy": "npy", "json": "json", "v2": "v2 binary"}
 
 # ---------------------------------------------------------------- the model
 
@@ -241,7 +250,7 @@ class Bench:
              hey_core: int | None = None, env: dict | None = None, serve: Path | None = None) -> None:
         with pinned(core):
             server = ServerProcess(self.model_dir, {
-                "SMSERVE_LOG_LEVEL": self.args.log_level, "SMSERVE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
+                "SMSERVE_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
                 "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers), **(env or {})}, log_path=self.work / f"{label}.log",
                 serve=serve)
             self.started.append(server)
@@ -253,6 +262,9 @@ class Bench:
 
     def flask(self, label: str, x: dict, *, workers: int = 1, core: int | None = None,
               hey_core: int | None = None) -> None:
+        if self.args.no_flask:
+            self.notes.append("flask: skipped (--no-flask)")
+            return
         with pinned(core):
             peer = start_peer(self.model_dir, self.work, workers, label)
         self.started.append(peer)
@@ -328,12 +340,16 @@ def protocols_scenario(args, work: Path) -> None:
     x, expected = inputs_and_answers(build_model(model_dir), (1, MAX_BATCH))
     core = 0 if args.pin else None
     concurrency = args.concurrency or 16
+    protocols = [PROTOCOLS[p] for p in args.protocols.split(",")]
     baselines = {"ceiling": ("ceiling", "npy"), "flask": ("flask", "npy"), "triton": ("pytriton", "v2 binary")}
     with Bench(args, work, model_dir) as bench:
-        bench.ours("ours", ["npy", "json", "v2 binary"], x, core=core)
+        bench.ours("ours", protocols, x, core=core)
+        if args.tuned:
+            bench.ours("ours, tuned", protocols, x, core=core, env=TUNED)
+            baselines = {"tuned": ("ours, tuned", None), **baselines}
         if args.baseline:
             label = f"ours@{args.baseline}"
-            bench.ours(label, ["npy", "json", "v2 binary"], x, core=core, serve=checkout(args.baseline, work))
+            bench.ours(label, protocols, x, core=core, serve=checkout(args.baseline, work))
             baselines = {args.baseline[:10]: (label, None), **baselines}
         bench.ceiling("ceiling", x, core=core)
         bench.flask("flask", x, core=core)
@@ -342,7 +358,8 @@ def protocols_scenario(args, work: Path) -> None:
     report(bench.cases,
            f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM} TorchScript, one worker and one torch thread per server; hey -c "
            f"{concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
-           f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; our log level {args.log_level}",
+           f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; ours at its defaults"
+           + (f", 'tuned' with {TUNED}" if args.tuned else ""),
            bench.notes, baselines, PING_PERIOD_S)
 
 
@@ -416,16 +433,22 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="GIT-REF",
                         help="protocols scenario: also serve our server as it was at this commit, and add a "
                              "'vs REF' column")
-    parser.add_argument("--log-level", default="warning",
-                        help="our server's SMSERVE_LOG_LEVEL (info writes an access line per request)")
+    parser.add_argument("--tuned", action="store_true",
+                        help=f"protocols scenario: also serve ours with {TUNED} (no access line) beside its "
+                             "defaults, and add a 'vs tuned' column")
+    parser.add_argument("--protocols", default="npy,json,v2",
+                        help="protocols scenario: our rows' protocols, comma-separated from npy, json, v2")
+    parser.add_argument("--no-flask", action="store_true", help="skip the bare Flask peer")
     args = parser.parse_args()
     if shutil.which("hey") is None:
         sys.exit("bench_peers needs hey: apt-get install -y hey")
     if (args.pin or args.scenario == "cores") and (shutil.which("taskset") is None
                                                    or len(os.sched_getaffinity(0)) < 2):
         sys.exit("pinning needs taskset and two usable cores")
-    if args.baseline and args.scenario != "protocols":
-        sys.exit("--baseline is for --scenario protocols")
+    if (args.baseline or args.tuned) and args.scenario != "protocols":
+        sys.exit("--baseline and --tuned are for --scenario protocols")
+    if not set(args.protocols.split(",")) <= set(PROTOCOLS):
+        sys.exit(f"--protocols: a comma-separated list of {', '.join(PROTOCOLS)}")
     if args.pin and args.scenario == "cores":
         sys.exit("--scenario cores pins its one-core case itself; drop --pin")
     work = Path(tempfile.mkdtemp(prefix="bench_peers_"))

@@ -62,10 +62,22 @@ def test_at_warning_no_access_line_and_no_info_line(servers):
     assert [line for line in lines if " ERROR " in line and "asked to fail" in line], lines
 
 
+def access_lines_of_traffic(server) -> list[str]:
+    """The log's lines once the traffic's 4 invocations' access lines are out (a worker
+    writes them up to logs.ACCESS_FLUSH_S late)."""
+    def invocations() -> int:
+        text = server.log()
+        return text.count('"POST /invocations"') + text.count('"path": "/invocations"')
+
+    before = invocations()
+    traffic(server)
+    wait_until(lambda: invocations() >= before + 4)
+    return server.log().splitlines()
+
+
 def test_at_debug_successful_pings_are_logged_and_ids_are_in_text_lines(servers):
     server = servers["debug"]
-    traffic(server)
-    lines = server.log().splitlines()
+    lines = access_lines_of_traffic(server)
     access = [line for line in lines if "smserve.access" in line]
     assert [line for line in access if " DEBUG " in line and '"GET /ping" 200' in line], access
     invocations = [line for line in access if '"POST /invocations"' in line]
@@ -87,8 +99,7 @@ def test_a_quote_in_the_request_target_is_escaped_in_the_text_line(servers):
 
 def test_json_access_lines_carry_the_inference_id_and_route(servers):
     server = servers["json"]
-    traffic(server)
-    entries = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    entries = [json.loads(line) for line in access_lines_of_traffic(server) if line.startswith("{")]
     access = [e for e in entries if e["logger"] == "smserve.access" and e["path"] == "/invocations"]
     by_id = {e.get("inference_id"): e for e in access}
     assert by_id["inf-42"]["request_id"] == "req-7" and by_id["inf-42"]["route"] == "/invocations"

@@ -147,8 +147,12 @@ def test_counts_are_exact_over_both_workers(server):
     assert value(after, "smserve_process_resident_memory_bytes") > 50e6
     assert value(after, "smserve_process_cpu_seconds_total") > 0
     # Both workers answered: the sums above are over two processes' files.
-    answering = set(re.findall(r"\[(\d+)\] INFO smserve\.access: .*\"POST /invocations\"", server.log()))
-    assert len(answering) == 2, answering
+    # Read once both workers' access lines are out: each writes them up to 0.1 s late.
+    def answering() -> set[str]:
+        return set(re.findall(r"\[(\d+)\] INFO smserve\.access: .*\"POST /invocations\"", server.log()))
+
+    wait_until(lambda: len(answering()) == 2)
+    assert len(answering()) == 2, answering()
 
 
 def test_histogram_buckets_are_cumulative_and_end_at_the_count(server):

@@ -15,7 +15,7 @@ import gevent
 import numpy as np
 from gevent.threadpool import ThreadPool
 
-from smserve import metrics
+from smserve import logs, metrics
 from smserve.engine import hardware, readiness, toolkit
 from smserve.engine.artifacts import ModelLoadError
 from smserve.engine.hook_chain import HookChain
@@ -454,6 +454,7 @@ def _stop_the_server(model_dir: str) -> None:
     restarted one would fail the same way, forever)."""
     log.critical("stopping: the model in %s cannot be served (SMSERVE_EXIT_ON_LOAD_ERROR, which `make serve` "
                  "sets; under SageMaker the container stays up and /ping answers 500)", model_dir)
+    logs.flush_access_lines()  # os._exit runs no atexit hook: the lines of the pings it answered
     for handler in logging.getLogger().handlers:
         handler.flush()
     os._exit(WORKER_BOOT_ERROR)

@@ -1,7 +1,8 @@
 """One access-log line per request, with fields CloudWatch can filter on, and the
 request's metrics.
 
-Written by the worker after each answer, instead of gunicorn's access log: SageMaker
+Written by the worker after each answer, instead of gunicorn's access log, buffered
+(logs.AccessLines: a line costs a few microseconds, not logging's tens): SageMaker
 pings every few seconds, so a successful /ping is logged at DEBUG, and in JSON mode
 each line carries its fields (method, path, route, status, bytes, latency, inference
 id, request id, worker) instead of one preformatted message. Every HTTP request passes here once,
@@ -10,16 +11,20 @@ answered, so its metrics (count by route and status, duration) are recorded here
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import sys
 import time
 from typing import Callable
 
-from smserve import metrics
+from smserve import logs, metrics
 from smserve.core import session_ids
 
-log = logging.getLogger("smserve.access")
+log = logging.getLogger(logs.ACCESS_LOGGER)
+# A worker's buffered access lines (buffer_lines); None elsewhere: through `logging`.
+_lines: logs.AccessLines | None = None
 
 # Headers SageMaker and AWS load balancers use to identify a request.
 REQUEST_ID_KEYS = ("HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID", "HTTP_X_AMZN_TRACE_ID",
@@ -30,6 +35,8 @@ _NEW_SESSION_HEADER = session_ids.NEW_SESSION_ID.lower()
 # The id a caller gave InvokeEndpoint (InferenceId), else SageMaker's own request id.
 INFERENCE_ID_KEYS = ("HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID", "HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_TRACE_ID",
                      "HTTP_X_REQUEST_ID")
+# What the line reads of an environ.
+_LINE_KEYS = ("PATH_INFO", "REQUEST_METHOD", "REMOTE_ADDR", SESSION_KEY) + REQUEST_ID_KEYS
 # A caller's id is written as sent up to this length (SageMaker's InferenceId: 64).
 MAX_ID_CHARS = 256
 # What a request that no route took is counted as: never its raw path, which a
@@ -63,10 +70,16 @@ def request_environ(req, addr) -> dict:
     (the worker's direct routes, WebSocket handshakes): gunicorn's parsed request."""
     environ = {"REQUEST_METHOD": req.method, "PATH_INFO": req.path, "REMOTE_ADDR": peer(addr)}
     for name, value in req.headers:
-        key = "HTTP_" + name.replace("-", "_")
-        if key in REQUEST_ID_KEYS or key == SESSION_KEY:
+        key = _ENVIRON_KEY.get(name)
+        if key is not None:
             environ[key] = value
     return environ
+
+
+# A header's name as gunicorn gives it (upper case) -> its WSGI environ key, for the
+# headers the line reads: one look-up a header instead of building each one's key.
+# (Both spellings, as the environ's own key reads a header named with "_" or "-".)
+_ENVIRON_KEY = {name: key for key in REQUEST_ID_KEYS + (SESSION_KEY,) for name in (key[5:].replace("_", "-"), key[5:])}
 
 
 def _opened_session(headers) -> str | None:
@@ -91,10 +104,37 @@ def log_request(environ: dict | Callable[[], dict], status: int, sent: int, star
     level = logging.DEBUG if status == 200 and quiet else logging.INFO
     if not log.isEnabledFor(level):
         return
+    lines = _lines
+    if lines is not None:
+        if type(environ) is dict:
+            # (A WSGI environ holds the body: only what the line reads waits with it.)
+            environ = {key: environ[key] for key in _LINE_KEYS if key in environ}
+        lines.add(logging.getLevelName(level), (environ, status, sent, seconds, route, headers))
+        return
+    message, fields = describe(environ, status, sent, seconds, route, headers, True)
+    log.log(level, "%s", message, extra={"fields": fields})
+
+
+def describe(environ: dict | Callable[[], dict], status: int, sent: int, seconds: float, route: str,
+             headers, with_fields: bool) -> tuple[str, dict | None]:
+    """A request's access line: its text message, and its fields for the JSON form."""
     environ = _made(environ)
     path = environ.get("PATH_INFO", "")
     method = environ.get("REQUEST_METHOD", "-")
+    remote = environ.get("REMOTE_ADDR", "-")
     latency_ms = round(seconds * 1000.0, 3)
+    inference_id = _first(environ, INFERENCE_ID_KEYS)
+    session = _first(environ, (SESSION_KEY,))
+    if session == session_ids.NEW_SESSION:
+        session = _opened_session(headers) or session
+    # (One _quotable for both: JSON escapes character by character, so escaping the two
+    # joined is escaping each.)
+    message = '%s "%s" %d %d %.1fms id=%s' % (remote, _quotable(method + " " + path), status, sent, latency_ms,
+                                              _token(inference_id))
+    if session is not None:
+        message += " session=" + _token(session)
+    if not with_fields:
+        return message, None
     fields = {
         "method": method,
         "path": path,
@@ -102,25 +142,35 @@ def log_request(environ: dict | Callable[[], dict], status: int, sent: int, star
         "status": status,
         "bytes": sent,
         "latency_ms": latency_ms,
-        "remote": environ.get("REMOTE_ADDR", "-"),
+        "remote": remote,
         "worker": os.getpid(),
     }
-    inference_id = _first(environ, INFERENCE_ID_KEYS)
     if inference_id is not None:
         fields["inference_id"] = inference_id
     request_id = _first(environ, REQUEST_ID_KEYS)
     if request_id is not None:
         fields["request_id"] = request_id
-    session = _first(environ, (SESSION_KEY,))
-    if session == session_ids.NEW_SESSION:
-        session = _opened_session(headers) or session
-    if session is None:
-        log.log(level, '%s "%s %s" %d %d %.1fms id=%s', fields["remote"], _quotable(method), _quotable(path), status,
-                sent, latency_ms, _token(inference_id), extra={"fields": fields})
-        return
-    fields["session_id"] = session
-    log.log(level, '%s "%s %s" %d %d %.1fms id=%s session=%s', fields["remote"], _quotable(method), _quotable(path),
-            status, sent, latency_ms, _token(inference_id), _token(session), extra={"fields": fields})
+    if session is not None:
+        fields["session_id"] = session
+    return message, fields
+
+
+def buffer_lines(fmt: str) -> None:
+    """In a worker, once its gevent hub runs: access lines from here on are written
+    buffered (logs.AccessLines), flushed ACCESS_FLUSH_S after the first one waiting, and
+    by flush() at SIGTERM and before the worker exits (at the latest by atexit)."""
+    global _lines
+    import gevent  # here: only a worker runs a hub (the master imports this module too)
+
+    timer = gevent.get_hub().loop.timer(logs.ACCESS_FLUSH_S)
+    _lines = logs.AccessLines(fmt, sys.stderr.fileno(), timer.start, describe)
+    logs.flush_on_exit(_lines)
+    atexit.register(flush)
+
+
+def flush() -> None:
+    """Writes the access lines still buffered (a no-op outside a worker)."""
+    logs.flush_access_lines()
 
 
 def _made(environ):

@@ -80,6 +80,11 @@ def child_exit(server, worker):
 
 def worker_exit(server, worker):
     # Draining is gunicorn's: a worker reaches here after its in-flight requests ended.
+    # Its buffered access lines go out first (GeventModelWorker.run flushes them on its
+    # own way out; this is every other way a worker ends).
+    from smserve.http import access
+
+    access.flush()
     server.log.info("worker %s (index %s) exited", worker.pid, getattr(worker, "smserve_index", "?"))
 
 

@@ -107,6 +107,7 @@ class GeventModelWorker(base.Worker):
         from smserve.settings import Settings
 
         self.settings = Settings.from_env()
+        access.buffer_lines(self.settings.log_format)
         # The loop thread makes many short system calls, each giving up the GIL and
         # waiting to take it back from a busy codec or inference thread, up to the
         # switch interval each time (the convoy effect): at CPython's 5 ms a /ping
@@ -180,6 +181,7 @@ class GeventModelWorker(base.Worker):
         # Every answer is out and every connection closed. Python's own finalisation
         # (torch, thread pools) would keep the worker, and so the container's stop,
         # waiting seconds more for nothing.
+        access.flush()  # os._exit runs no atexit hook
         self.log.info("Worker exiting (pid: %s)", self.pid)
         logging.shutdown()
         sys.stdout.flush()
@@ -199,6 +201,7 @@ class GeventModelWorker(base.Worker):
             return
         self.alive = False
         self._stopping.set()
+        access.flush()  # what was answered before the signal is written now, not after the drain
         # Connections still queued in the listen backlog may carry whole requests: take
         # them before the listening socket closes (closing it resets every one of them).
         for server in self.servers:

@@ -1,0 +1,160 @@
+"""logs.AccessLines writes the access line as the logging handler would (text and JSON,
+byte for byte), buffered: whole lines, never more than a pipe writes atomically, out
+when its timer fires, when ACCESS_BUFFER_LINES wait, or at flush()."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import pytest
+
+from smserve import logs
+from smserve.http import access
+
+FIELDS = {"method": "POST", "path": "/caf\u00e9/\"q\"\\", "route": "/invocations", "status": 200, "bytes": 419,
+          "latency_ms": 14.497, "remote": "10.0.0.1", "worker": 29251, "inference_id": "a b\" 200 0",
+          "session_id": "NEW_SESSION", "extra": None}
+MESSAGE = '10.0.0.1 "POST /invocations" 200 419 14.5ms id="a b\\" 200 0"'
+
+
+def given(message: str, fields: dict | None, with_fields: bool):
+    """A describe() for AccessLines that says what it was given."""
+    return message, fields if with_fields else None
+
+
+def access_lines(fmt: str, fd: int, schedule) -> logs.AccessLines:
+    return logs.AccessLines(fmt, fd, schedule, given)
+
+
+class Scheduled:
+    """A stand-in for the worker loop's timer: records what was scheduled."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def __call__(self, fn):
+        self.calls.append(fn)
+
+    def fire(self):
+        calls, self.calls = self.calls, []
+        for fn in calls:
+            fn()
+
+
+@pytest.fixture
+def pipe():
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    yield read, write
+    os.close(read)
+    os.close(write)
+
+
+def drain(fd: int) -> bytes:
+    try:
+        return os.read(fd, 1 << 20)
+    except BlockingIOError:
+        return b""
+
+
+def as_logging_writes(fmt: str, levelname: str, created: float, message: str, fields: dict) -> str:
+    formatter = logs.JsonFormatter() if fmt == "json" else logging.Formatter(logs.TEXT_FORMAT)
+    record = logging.LogRecord(logs.ACCESS_LOGGER, logging.getLevelName(levelname), __file__, 1, message, None, None)
+    record.created, record.msecs = created, int((created - int(created)) * 1000)
+    record.fields = fields
+    return formatter.format(record) + "\n"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("levelname", ["INFO", "DEBUG"])
+def test_the_line_is_the_logging_handlers_byte_for_byte(monkeypatch, pipe, fmt, levelname):
+    read, write = pipe
+    created = 1764841403.416
+    monkeypatch.setattr(logs.time, "time", lambda: created)
+    lines = access_lines(fmt, write, Scheduled())
+    lines.add(levelname, (MESSAGE, FIELDS))
+    lines.flush()
+    assert drain(read).decode() == as_logging_writes(fmt, levelname, created, MESSAGE, FIELDS)
+
+
+def test_json_lines_parse_to_every_field():
+    entry = json.loads(as_logging_writes("json", "INFO", time.time(), MESSAGE, FIELDS))
+    assert {k: entry[k] for k in FIELDS} == FIELDS and entry["message"] == MESSAGE
+
+
+def test_lines_wait_for_the_timer_which_is_set_once(pipe):
+    read, write = pipe
+    timer = Scheduled()
+    lines = access_lines("text", write, timer)
+    for i in range(3):
+        lines.add("INFO", (f"line {i}", None))
+    assert drain(read) == b"" and len(timer.calls) == 1
+    timer.fire()
+    assert drain(read).decode().count("smserve.access: line") == 3
+    lines.add("INFO", ("after", None))
+    assert len(timer.calls) == 1  # a new line sets it again
+    assert logs.ACCESS_FLUSH_S <= 0.1
+
+
+def test_a_full_buffer_is_written_without_waiting_for_the_timer(pipe):
+    read, write = pipe
+    lines = access_lines("text", write, Scheduled())
+    for i in range(logs.ACCESS_BUFFER_LINES):
+        lines.add("INFO", (f"line {i}", None))
+    assert drain(read).decode().count("smserve.access: line") == logs.ACCESS_BUFFER_LINES
+
+
+def test_each_write_is_whole_lines_within_what_a_pipe_writes_atomically(monkeypatch):
+    writes: list[bytes] = []
+    monkeypatch.setattr(logs.os, "write", lambda fd, data: writes.append(bytes(data)) or len(data))
+    lines = access_lines("text", 99, Scheduled())
+    for i in range(200):
+        lines.add("INFO", (f"{i} " + "x" * (i * 7), None))
+    lines.add("INFO", ("y" * (2 * logs.ACCESS_BUFFER_BYTES), None))  # longer than a write: written alone
+    lines.add("INFO", ("last", None))
+    lines.flush()
+    assert len(writes) > 5
+    for data in writes:
+        assert data.endswith(b"\n")
+        assert len(data) <= logs.ACCESS_BUFFER_BYTES or data.count(b"\n") == 1
+    text = b"".join(writes).decode()
+    assert [line.rsplit(": ", 1)[1].split(" ")[0] for line in text.splitlines()[:200]] == [str(i) for i in range(200)]
+
+
+def test_log_request_writes_through_the_buffer_what_logging_would_log(monkeypatch, caplog, pipe):
+    read, write = pipe
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/invocations", "REMOTE_ADDR": "10.0.0.1",
+               "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID": "inf-42", "HTTP_X_AMZN_REQUESTID": "req-7",
+               access.SESSION_KEY: "sess-1"}
+    started = time.monotonic()
+    monkeypatch.setattr(access.time, "monotonic", lambda: started + 0.0145)
+    with caplog.at_level(logging.INFO, logger=logs.ACCESS_LOGGER):
+        access.log_request(environ, 200, 419, started, route="/invocations")
+        [record] = caplog.records
+        for fmt in ("text", "json"):
+            monkeypatch.setattr(access, "_lines", logs.AccessLines(fmt, write, Scheduled(), access.describe))
+            access.log_request(environ, 200, 419, started, route="/invocations")
+            access._lines.flush()
+            line = drain(read).decode()
+            if fmt == "text":
+                assert line.endswith(f"INFO smserve.access: {record.getMessage()}\n")
+            else:
+                entry = json.loads(line)
+                assert entry["message"] == record.getMessage() and entry["session_id"] == "sess-1"
+                assert {k: entry[k] for k in record.fields} == record.fields
+    assert len(caplog.records) == 1  # the buffered lines bypassed logging
+
+
+def test_a_wsgi_environ_waits_without_the_body(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger=logs.ACCESS_LOGGER)
+    lines = logs.AccessLines("text", 99, Scheduled(), access.describe)
+    monkeypatch.setattr(access, "_lines", lines)
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/mine", "REMOTE_ADDR": "10.0.0.1", "wsgi.input": object(),
+               "smserve.body": b"x" * 1000, "HTTP_X_AMZN_REQUESTID": "req-7"}
+    access.log_request(environ, 200, 2, time.monotonic(), route="/mine")
+    [(_, _, details)] = lines._pending
+    assert details[0] == {"REQUEST_METHOD": "POST", "PATH_INFO": "/mine", "REMOTE_ADDR": "10.0.0.1",
+                          "HTTP_X_AMZN_REQUESTID": "req-7"}
