@@ -49,8 +49,8 @@ def probabilities(url: str, pixels: np.ndarray, content_type: str, accept: str |
         assert set(decoded) == {"probabilities"}
         return decoded["probabilities"]
     assert codec.media_type(response_type) == accept
-    if accept == codec.JSON:
-        decoded = decoded["predictions"]
+    if accept == codec.JSON and content_type == codec.JSON:
+        decoded = decoded["predictions"]  # {"instances": ...} in: wrapped; any other body: the bare rows
     return np.asarray(decoded, dtype=np.float32)
 
 
