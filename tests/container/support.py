@@ -114,7 +114,9 @@ class Container:
         while time.monotonic() < deadline:
             try:
                 status = requests.get(self.url("/ping"), timeout=2).status_code
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
+                # Not listening yet, or listening but taking no connection yet (a
+                # multi-model server while its workers start): not ready either way.
                 status = None
             if status == 200:
                 return

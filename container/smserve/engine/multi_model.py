@@ -98,11 +98,17 @@ class MultiModelServer:
 
     @property
     def loading(self) -> bool:
-        """A (re)started worker is loading the models already registered."""
-        return not self._synced
+        """A (re)started worker is loading the models already registered, or, at the
+        first start, this worker or a sibling has not yet torch in and the registry followed."""
+        return not self._synced or bool(readiness.starting(self.state_dir, self.workers))
 
     def defers_accepting(self) -> bool:
-        return readiness.fully_started(self.state_dir)
+        """Always: at the first start no worker takes a connection until every worker is
+        ready (a client that connects meanwhile waits, and its first /ping answer is 200,
+        as from the PyTorch containers' model server, which listens only once started;
+        AWS's toolkit's multi-model test asserts just that); later, a restarted worker
+        not until it has loaded the registered models, while the others serve."""
+        return True
 
     def check_ready(self) -> None:
         """A model that fails to load never fails /ping, nor any other model."""
@@ -112,9 +118,11 @@ class MultiModelServer:
         worker has imported torch, rehearsed a load and followed the registry once (~2 s
         of CPU each; far longer on a cold page cache, and with the GIL held through
         stretches of it: a 200 before it would be followed by slow or missed pings while
-        SageMaker already counts them). After that first full start the server is up: a
-        restarted worker takes no connection until it has loaded the registered models
-        (worker.py), so a worker that answers is always past its start."""
+        SageMaker already counts them). No worker takes a connection before that
+        (defers_accepting), so this is a guard more than an answer clients see. After
+        that first full start the server is up: a restarted worker takes no connection
+        until it has loaded the registered models (worker.py), so a worker that answers
+        is always past its start."""
         if not self._prepared.is_set():
             raise Unavailable("the server is starting (torch and a rehearsal load, before the first model)")
         starting = readiness.starting(self.state_dir, self.workers)

@@ -25,7 +25,8 @@ gunicorn's parser, WSGI environ and response writer and owns the connection loop
   hand-overs too), close connections with no request byte waiting at once, close the
   stateful sessions once the last answer is out, exit.
 - After the first full start, a (re)started worker accepts connections only once its
-  model is loaded, so it never answers 503 while the other workers serve.
+  model is loaded, so it never answers 503 while the other workers serve. A
+  multi-model server's workers also wait so at the first start, for each other.
 - A request for /invocations-bidirectional-stream hands its connection to a WebSocket
   session (websocket.py); at SIGTERM sessions answer what they hold, then close 1001.
 - An answer's bytes must keep leaving within SMSERVE_SEND_TIMEOUT: a client that stops
@@ -190,7 +191,8 @@ class GeventModelWorker(base.Worker):
 
     def _wait_for_model(self):
         """A worker restarted after the first full start: the others serve meanwhile,
-        so this one takes no connection until its model is ready (or failed to load)."""
+        so this one takes no connection until its model is ready (or failed to load).
+        (A multi-model server's workers wait so at the first start too, for each other.)"""
         while self.alive and self.model_server.loading:
             self.notify()
             gevent.sleep(0.1)
