@@ -44,6 +44,7 @@ from itertools import count
 
 import numpy as np
 
+from smserve.engine.batchable import is_tensor
 from smserve.errors import ServerError
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def shareable(value):
         if value.dtype.kind in "biufc" and value.nbytes >= SHARED_BYTES:
             return _write(np.ascontiguousarray(value), value.dtype.str, tensor=False)
         return value
-    if _is_tensor(value) and value.device.type not in ("cpu", "meta") and str(value.layout) == "torch.strided":
+    if is_tensor(value) and value.device.type not in ("cpu", "meta") and str(value.layout) == "torch.strided":
         value = value.detach().cpu()  # a hook process never touches the GPU: it gets CPU tensors
     if _is_dense_cpu_tensor(value):
         if value.nbytes < SHARED_BYTES:
@@ -107,12 +108,8 @@ def restored(value):
     return value
 
 
-def _is_tensor(value) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "layout") and hasattr(value, "device")
-
-
 def _is_dense_cpu_tensor(value) -> bool:
-    return (_is_tensor(value) and str(value.layout) == "torch.strided" and not value.is_nested
+    return (is_tensor(value) and str(value.layout) == "torch.strided" and not value.is_nested
             and value.device.type == "cpu" and not value.is_quantized)
 
 

@@ -444,22 +444,17 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
     fails is run again request by request, and only those answers are final."""
 
     def run(inputs: Arrays, context=None, form=None) -> Arrays:
-        try:
-            # (predict takes a context and a form only when a request's are given.)
-            if form is not None:
-                return predict(inputs, context, form)
-            return predict(inputs) if context is None else predict(inputs, context)
-        except HTTPError:
-            raise
-        except Exception as e:
-            raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
+        # (predict takes a context and a form only when a request's are given.)
+        if form is not None:
+            return _named_failure(predict, (inputs, context, form))
+        return _named_failure(predict, (inputs,) if context is None else (inputs, context))
 
     return run
 
 
 def _named_failure(fn: Callable, args: tuple):
-    """fn(*args), the model's own exceptions a 500 that carries their message, as
-    _guarded makes them for the batcher's passes."""
+    """fn(*args), the model's own exceptions a 500 that carries their message: for the
+    batcher's passes (_guarded) and a hook's passes outside it (call_pass)."""
     try:
         return fn(*args)
     except HTTPError:
