@@ -13,11 +13,16 @@ connection lands on. So what is loaded is not one worker's memory but this folde
 
 Every worker follows the folder (engine/multi_model.py); the worker that took the API
 call answers only once every worker has acted, so a 200 means the same everywhere.
-Writes are a temporary file renamed into place: a reader never sees half a file.
+Writes are a temporary file renamed into place: a reader never sees half a file. A
+state change is a compare-and-set under the folder's lock file (flock): it applies only
+to the generation it names, in a state it allows, so an unload racing a load or
+another unload can neither overwrite a newer generation nor revive a removed one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -107,16 +112,23 @@ class SharedRegistry:
                         found.append(entry)
         return found
 
-    def set_state(self, entry: Entry, state: str) -> Entry:
-        changed = Entry(entry.name, entry.url, entry.generation, state)
-        os.replace(self._write_temp(asdict(changed)), self._model_path(entry.name))
-        return changed
+    def set_state(self, entry: Entry, state: str, only_from: tuple[str, ...]) -> Entry | None:
+        """Move this generation to `state` if it is still registered in one of
+        `only_from`; None (nothing written) otherwise."""
+        with self._locked():
+            current = self.get(entry.name)
+            if current is None or current.generation != entry.generation or current.state not in only_from:
+                return None
+            changed = Entry(entry.name, entry.url, entry.generation, state)
+            os.replace(self._write_temp(asdict(changed)), self._model_path(entry.name))
+            return changed
 
     def remove(self, entry: Entry) -> None:
         """Forget the model (every worker has unloaded it), if this generation is still the one registered."""
-        current = self.get(entry.name)
-        if current is not None and current.generation == entry.generation:
-            _unlink(self._model_path(entry.name))
+        with self._locked():
+            current = self.get(entry.name)
+            if current is not None and current.generation == entry.generation:
+                _unlink(self._model_path(entry.name))
         for worker in self.acks(entry):
             _unlink(self._ack_path(entry, worker))
 
@@ -170,6 +182,16 @@ class SharedRegistry:
         finally:
             os.unlink(temp)
         return self.read_value(name) or value
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The folder's lock, across the workers: held for one read and one rename."""
+        fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _model_path(self, name: str) -> str:
         return os.path.join(self.root, key(name) + ".model")

@@ -272,14 +272,14 @@ class MultiModelServer:
         except BaseException:
             self._withdraw(entry)
             raise
-        self.shared.set_state(entry, READY)
+        if self.shared.set_state(entry, READY, only_from=(LOADING,)) is None:
+            raise Conflict(f"model {name!r} was unloaded while it loaded")
 
     def unload(self, name: str) -> None:
         """DELETE /models/<name>: returns once no worker holds the model."""
         entry = self.shared.get(name)
-        if entry is None or entry.state == UNLOADING:
+        if entry is None or entry.state == UNLOADING or not self._withdraw(entry):
             raise NotFound(f"Model {name!r} is not loaded")
-        self._withdraw(entry)
 
     def describe(self, name: str) -> dict:
         entry = self.shared.get(name)
@@ -319,10 +319,15 @@ class MultiModelServer:
 
     # ------------------------------------------------------------ helpers
 
-    def _withdraw(self, entry: Entry) -> None:
-        entry = self.shared.set_state(entry, UNLOADING)
-        self._wait(entry, lambda acks: not acks)
-        self.shared.remove(entry)
+    def _withdraw(self, entry: Entry) -> bool:
+        """Unload this generation everywhere and forget it; False when another call
+        (a racing unload, or a failed load's own withdrawal) has begun it already."""
+        withdrawing = self.shared.set_state(entry, UNLOADING, only_from=(LOADING, READY))
+        if withdrawing is None:
+            return False
+        self._wait(withdrawing, lambda acks: not acks)
+        self.shared.remove(withdrawing)
+        return True
 
     def _wait(self, entry: Entry, done) -> dict[int, dict]:
         deadline = time.monotonic() + self.settings.request_timeout
