@@ -4,12 +4,10 @@ them a named 500, never an unhandled error."""
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
-from smserve.errors import HTTPError, ServerError
+from smserve.errors import Named500
 
 
 def to_numpy(value) -> np.ndarray:
@@ -17,6 +15,9 @@ def to_numpy(value) -> np.ndarray:
     numpy has (bfloat16 and the float8 kinds as float32: BF16 travels as the upper
     half of float32)."""
     if isinstance(value, torch.Tensor):
+        if (value.is_cpu and value.layout is torch.strided and value.dtype in NUMPY_DTYPES and not (
+                value.requires_grad or value.is_conj() or value.is_neg() or value.is_nested)):
+            return value.numpy()  # a plain tensor (most outputs): a view, nothing to convert
         value = value.detach()
         if value.device.type == "meta":
             raise ValueError("it is a meta tensor, which holds no data")
@@ -42,13 +43,7 @@ NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, t
                 torch.complex128}
 
 
-@contextlib.contextmanager
-def converting(what: str):
+def converting(what: str) -> Named500:
     """A value that cannot be made into what comes next (a tensor moved to the device,
     an output made into an array) is a 500 that says so, never an unhandled error."""
-    try:
-        yield
-    except HTTPError:
-        raise
-    except Exception as e:  # noqa: BLE001 - named for the answer
-        raise ServerError(f"{what} cannot be used: {type(e).__name__}: {e}") from e
+    return Named500(f"{what} cannot be used")

@@ -110,6 +110,12 @@ class LoadedModel:
     def answer(self, prediction, raw: bool):
         """The prediction as the server goes on with it: an iterator to stream as it is,
         the model's own value for an output_fn (raw), else named numpy arrays."""
+        if type(prediction) is torch.Tensor and self.staging is None and not (raw and self.hooks.output_fn is not None):
+            # The usual answer, one plain tensor: no iterator, nothing staged to copy out.
+            with converting("the model's output"):
+                outputs = self.metadata.outputs
+                name = outputs[0].name if outputs else "output__0"
+                return {name: self._declared(name, to_numpy(prediction))}
         if self.hooks.streamed(prediction) or (raw and self.hooks.output_fn is not None):
             return prediction
         outputs = self.outputs_to_numpy(prediction)
@@ -170,6 +176,11 @@ class LoadedModel:
         _thread_device.device = self.device
 
     def predict_data(self, data, context=None):
+        if self.autocast is None and self.hooks.predict_fn is None and type(data) is torch.Tensor:
+            # The usual pass (one tensor, the model's own forward, no autocast), without
+            # the checks and contexts the other kinds of data need.
+            with torch.inference_mode():
+                return self.model(data)
         with self.precision():
             if self.hooks.predict_fn is not None:
                 try:
@@ -232,7 +243,7 @@ class LoadedModel:
             self.staging.copied(name, self.device)
             return tensor
         flags = array.flags
-        if not flags.writeable or not flags.aligned or any(step < 0 for step in array.strides):
+        if not flags.writeable or not flags.aligned or (array.ndim and min(array.strides) < 0):
             # Views on the request body are read-only; torch wants memory it may write
             # (and warns of any other), and takes no reversed view.
             array = array.copy()

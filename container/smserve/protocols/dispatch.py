@@ -10,7 +10,6 @@ so the event loop only moves bytes.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -20,7 +19,7 @@ from smserve.core.context import RequestContext
 from smserve.core.inference import InferenceRequest
 from smserve.core.reply import Reply
 from smserve.engine.hooks import is_stream
-from smserve.errors import BadRequest, HTTPError, NotAcceptable, ServerError, UnsupportedMediaType
+from smserve.errors import BadRequest, Named500, NotAcceptable, ServerError, UnsupportedMediaType
 from smserve.protocols.negotiation import default_accept, negotiate, preferred
 from smserve.settings import Settings
 from smserve.protocols import streams
@@ -168,16 +167,10 @@ def encode_simple(outputs, accept: str, labels=None, wrapped: bool = True):
         return simple.encode(outputs, accept, labels, wrapped)
 
 
-@contextlib.contextmanager
-def _writing(what: str):
+def _writing(what: str) -> Named500:
     """An output the answer's format has no room for (complex numbers in JSON, a dtype
     of the model's own) is a 500 that says so, never an unhandled error."""
-    try:
-        yield
-    except HTTPError:
-        raise
-    except (TypeError, ValueError, OverflowError) as e:
-        raise ServerError(f"the model's outputs cannot be written as {what}: {type(e).__name__}: {e}") from e
+    return Named500(f"the model's outputs cannot be written as {what}", (TypeError, ValueError, OverflowError))
 
 
 # ---------------------------------------------------------------- the model's hooks
