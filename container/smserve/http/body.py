@@ -13,6 +13,8 @@ from gunicorn.http.body import LengthReader
 from smserve.http import turns
 
 READ_SIZE = 1024 * 1024
+# A body up to this size is joined from its reads in one copy (_Body).
+JOIN_BYTES = 1024 * 1024
 # Non-empty chunks in one chunked body, as Triton's HTTP front end allows (its wording
 # too): each costs a Python-level parse, so a body of one-byte chunks costs ~6x its size
 # in parsing.
@@ -95,29 +97,36 @@ def read_body(req, declared: int | None, settings, unreader=None) -> bytes:
 
 
 class _Body:
-    """A body's reads, gathered. Past one read it grows in a BytesIO: its buffer is
-    enlarged in place and getvalue() hands it over without a copy, where joining the
-    reads would copy the whole body in one step (40 MB: 30-40 ms with the GIL held,
-    /ping waiting)."""
+    """A body's reads, gathered. Up to JOIN_BYTES they are kept as they came and joined
+    once at the end (one copy of the body); past that they grow in a BytesIO, whose
+    buffer is enlarged in place and whose getvalue() hands it over without a copy,
+    where joining would copy the whole body in one step with the GIL held (40 MB:
+    30-40 ms, /ping waiting)."""
 
-    __slots__ = ("first", "grown")
+    __slots__ = ("parts", "size", "grown")
 
     def __init__(self, first: bytes = b""):
-        self.first = first
+        self.parts = [first] if first else []
+        self.size = len(first)
         self.grown: io.BytesIO | None = None
 
     def add(self, data: bytes) -> None:
+        self.size += len(data)
         if self.grown is not None:
             self.grown.write(data)
-        elif self.first:
-            self.grown = io.BytesIO(self.first)
+        elif self.size <= JOIN_BYTES:
+            self.parts.append(data)
+        else:
+            self.grown = io.BytesIO(b"".join(self.parts))
             self.grown.seek(0, io.SEEK_END)
             self.grown.write(data)
-        else:
-            self.first = data
+            self.parts = []
 
     def value(self) -> bytes:
-        return self.grown.getvalue() if self.grown is not None else self.first
+        if self.grown is not None:
+            return self.grown.getvalue()
+        parts = self.parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _read_sized(req, declared: int, unreader, turn: turns.Turn) -> bytes:
