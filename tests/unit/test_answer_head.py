@@ -73,3 +73,29 @@ def test_an_error_answer_has_server_and_date_too():
     assert fields["Server"] == "gunicorn" and fields["Connection"] == "close" and fields["Retry-After"] == "1"
     assert abs(email.utils.parsedate_to_datetime(fields["Date"]).timestamp() - time.time()) < 5
     assert json.loads(body) == {"error": "too big"} and fields["Content-Length"] == str(len(body))
+
+
+@pytest.mark.parametrize("body_size", [0, 1, 70_000, 3_000_000])
+def test_head_and_body_leave_whole_and_in_order_through_partial_sends(body_size):
+    """send_parts gathers head and body into sendmsg; a reader slower than the socket's
+    buffer makes it send a part, a part's piece, or both parts' pieces at a time."""
+    import gevent
+
+    ours, theirs = gevent_socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % body_size
+    body = bytes(range(256)) * (body_size // 256) + bytes(body_size % 256)
+    got = bytearray()
+
+    def read():
+        while len(got) < len(head) + body_size:
+            got.extend(theirs.recv(1000))
+
+    try:
+        reader = gevent.spawn(read)
+        sending.Sender(ours, 10).send_parts(head, memoryview(body))
+        reader.join(timeout=30)
+    finally:
+        ours.close()
+        theirs.close()
+    assert bytes(got) == head + body

@@ -19,10 +19,6 @@ from smserve.http.body import READ_SIZE
 from smserve.http.connection import Close
 from smserve.routes.table import reason
 
-# Answers up to this size go out with their head in one send (a syscall each costs
-# more than copying this much).
-SMALL_ANSWER = 64 * 1024
-
 # After an error answer, how long and how much of a request still arriving is read and
 # dropped before the connection closes (see linger).
 # (As nginx's lingering_timeout and lingering_time: a pause ends it, a steady sender
@@ -97,10 +93,29 @@ class Sender:
             try:
                 sent = raw.send(view)
             except (BlockingIOError, InterruptedError):
-                gevent_socket.wait_write(raw.fileno(), timeout=self._timeout, timeout_exc=SendTimeout(
-                    f"the client read nothing of its answer for {self._timeout:g} s (SMSERVE_SEND_TIMEOUT)"))
+                self._wait_writable(raw)
                 continue
             view = view[sent:]
+
+    def send_parts(self, head: bytes, body) -> None:
+        """head, then body, in one system call where the socket takes them (sendmsg
+        gathers them: no third buffer to join them in, a copy of the whole answer)."""
+        raw = self._sock._sock
+        parts = [memoryview(head), memoryview(body).cast("B")]
+        while parts:
+            try:
+                sent = raw.sendmsg(parts)
+            except (BlockingIOError, InterruptedError):
+                self._wait_writable(raw)
+                continue
+            while parts and sent >= len(parts[0]):
+                sent -= len(parts.pop(0))
+            if sent:
+                parts[0] = parts[0][sent:]
+
+    def _wait_writable(self, raw) -> None:
+        gevent_socket.wait_write(raw.fileno(), timeout=self._timeout, timeout_exc=SendTimeout(
+            f"the client read nothing of its answer for {self._timeout:g} s (SMSERVE_SEND_TIMEOUT)"))
 
     def __getattr__(self, name):
         return getattr(self._sock, name)

@@ -60,7 +60,7 @@ from smserve.http.head import PlainHeadParser
 from smserve.http.body import ClientError, asks_to_close, check_head, joined_headers, parse_error, read_body
 from smserve.http.connection import (Close, Connection, RequestSource, SettledConfig, buffered, bytes_waiting,
                                      connection_cap, make_room, sweep_idle)
-from smserve.http.sending import SMALL_ANSWER, Sender, SendTimeout, answer_head, reset_on_close, send_error
+from smserve.http.sending import Sender, SendTimeout, answer_head, reset_on_close, send_error
 from smserve.routes.table import Request, RouteTable, reason
 from smserve.http import websocket
 
@@ -394,11 +394,8 @@ class GeventModelWorker(base.Worker):
         def send():
             if no_body:
                 sender.sendall(head)
-            elif len(payload) <= SMALL_ANSWER:
-                sender.sendall(head + payload)
             else:
-                sender.sendall(head)
-                sender.sendall(payload)
+                sender.send_parts(head, payload)
 
         if not self._sent(sock, send):
             return False
