@@ -10,6 +10,7 @@ so the event loop only moves bytes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -66,8 +67,9 @@ class Message:
         return cls(body=body, content_type=header("Content-Type") or "", accept=header("Accept"),
                    v2_header_length=header(v2.HEADER_LENGTH_HEADER), context_of=context_of)
 
-    @property
+    @functools.cached_property
     def kind(self) -> str:
+        """The Content-Type's media type (asked by each protocol in turn: worked out once)."""
         return media.media_type(self.content_type)
 
     @property
