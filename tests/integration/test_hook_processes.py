@@ -29,10 +29,17 @@ def model_fn(model_dir):
     return "process-hooks"
 
 
+class _DiesWhenSent:
+    def __reduce__(self):
+        os._exit(4)  # the process ends while it sends its answer, its array files written
+
+
 def input_fn(body, content_type, context):
     data = json.loads(body)
     if data.get("die"):
         os._exit(3)
+    if data.get("die_sending"):
+        return {"big": np.zeros((4, 100_000)), "dies": _DiesWhenSent()}
     if data.get("fail") == "value":
         raise ValueError("not a number")
     if data.get("fail") == "name":
@@ -107,6 +114,42 @@ def test_a_process_that_dies_fails_its_request_and_another_takes_its_place(serve
     for _ in range(4):  # both processes answer again, the new one among them
         assert invoke(server, rows=1).status_code == 200
     assert worker_pids(server) == {worker}
+
+
+def test_a_process_that_dies_leaves_no_array_file_behind(server):
+    """Its answer's arrays were written to /dev/shm when it died sending it: they are
+    removed with it (RAM, otherwise held until the host restarts)."""
+    def files():
+        return {n for n in os.listdir("/dev/shm") if n.startswith("smserve-hook-")}
+
+    before = files()
+    died = invoke(server, die_sending=True)
+    assert died.status_code == 500 and "exit code 4" in died.json()["error"]
+    new = files() - before
+    # (Another test's arrays in flight at this moment go within moments; a leak stays.)
+    assert wait_until(lambda: not (files() & new), timeout=5), new
+
+
+def test_arrays_sent_to_a_process_that_died_are_removed(tmp_path):
+    """output_fn's arrays go to a process that has died meanwhile: the send fails, and
+    the files written for it are removed, not left for a reader that never comes."""
+    import signal
+
+    import numpy as np
+
+    from smserve.engine.hook_processes import HookProcessDied, HookProcesses
+
+    folder = model_dir_with(tmp_path, PROCESS_HOOKS, "process-hooks")
+    processes = HookProcesses(str(folder), 1)
+    try:
+        (pid,) = processes.pids
+        os.kill(pid, signal.SIGKILL)
+        processes._children[0].proc.wait(timeout=30)
+        with pytest.raises(HookProcessDied):
+            processes.output_fn({"pid": np.zeros((1000, 100))}, "application/json", None)
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"smserve-hook-{os.getpid()}-")]
+    finally:
+        processes.close()
 
 
 def test_a_model_that_keeps_sessions_runs_its_hooks_on_threads(tmp_path):

@@ -108,6 +108,37 @@ def restored(value):
     return value
 
 
+def _discard(value) -> None:
+    """Remove the files of shareable's arrays in value that no one will read."""
+    if isinstance(value, _Shared):
+        _unlink(value.path)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _discard(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _discard(v)
+
+
+def _discard_written_by(pid: int) -> None:
+    """Remove every array file process `pid` wrote (it has ended: none will be read)."""
+    prefix = f"smserve-hook-{pid}-"
+    try:
+        with os.scandir(_SHM_DIR) as entries:
+            for entry in entries:
+                if entry.name.startswith(prefix):
+                    _unlink(entry.path)
+    except OSError:
+        pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def _is_dense_cpu_tensor(value) -> bool:
     return (is_tensor(value) and str(value.layout) == "torch.strided" and not value.is_nested
             and value.device.type == "cpu" and not value.is_quantized)
@@ -204,10 +235,15 @@ class HookProcesses:
             ok, value, attributes = child.call((hook, args, fields))
         except (EOFError, OSError) as e:
             code = child.proc.wait(timeout=5) if child.proc.poll() is None else child.proc.returncode
+            # What neither side will read now: the arrays sent to it, and any it wrote for
+            # an answer it never sent (files in RAM, kept until unlinked).
+            _discard(args)
+            _discard_written_by(child.proc.pid)
             child = self._replace(child)
             raise HookProcessDied(f"{hook}'s process ended before answering (exit code {code}; a new one took its "
                                   f"place): {type(e).__name__}: {e}") from None
         except Exception as e:  # noqa: BLE001 - an answer that does not unpickle here (the pipe stays in step)
+            _discard_written_by(child.proc.pid)  # (it waits for its next request: nothing of its is in flight)
             raise ServerError(f"{hook}'s answer could not be read from its process: {type(e).__name__}: {e}") from e
         finally:
             if child is not None:
