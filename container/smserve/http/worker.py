@@ -376,8 +376,8 @@ class GeventModelWorker(base.Worker):
         return False
 
     def _send_answer(self, req, sock, sender: Sender, parser, answer, close: bool, answered: "access.Answered") -> bool:
-        """A route's answer whose body is in hand: head and body in one send when it is
-        small. True when the connection may carry another request."""
+        """A route's answer whose body is in hand: head and body gathered into one
+        send. True when the connection may carry another request."""
         payload = answer.body
         status = answer.status
         no_body = status < 200 or status in (204, 304) or req.method == "HEAD"
