@@ -87,35 +87,28 @@ class Sender:
         self._timeout = timeout
 
     def sendall(self, data) -> None:
-        raw = self._sock._sock  # the non-blocking OS socket under gevent's
-        view = memoryview(data).cast("B")
-        while view:
-            try:
-                sent = raw.send(view)
-            except (BlockingIOError, InterruptedError):
-                self._wait_writable(raw)
-                continue
-            view = view[sent:]
+        self._send_all([memoryview(data).cast("B")])
 
     def send_parts(self, head: bytes, body) -> None:
         """head, then body, in one system call where the socket takes them (sendmsg
         gathers them: no third buffer to join them in, a copy of the whole answer)."""
-        raw = self._sock._sock
-        parts = [memoryview(head), memoryview(body).cast("B")]
+        self._send_all([memoryview(head), memoryview(body).cast("B")])
+
+    def _send_all(self, parts: list[memoryview]) -> None:
+        """Every byte of parts, in order, each sendmsg resuming where the last stopped."""
+        raw = self._sock._sock  # the non-blocking OS socket under gevent's
+        parts = [part for part in parts if part]
         while parts:
             try:
                 sent = raw.sendmsg(parts)
             except (BlockingIOError, InterruptedError):
-                self._wait_writable(raw)
+                gevent_socket.wait_write(raw.fileno(), timeout=self._timeout, timeout_exc=SendTimeout(
+                    f"the client read nothing of its answer for {self._timeout:g} s (SMSERVE_SEND_TIMEOUT)"))
                 continue
             while parts and sent >= len(parts[0]):
                 sent -= len(parts.pop(0))
             if sent:
                 parts[0] = parts[0][sent:]
-
-    def _wait_writable(self, raw) -> None:
-        gevent_socket.wait_write(raw.fileno(), timeout=self._timeout, timeout_exc=SendTimeout(
-            f"the client read nothing of its answer for {self._timeout:g} s (SMSERVE_SEND_TIMEOUT)"))
 
     def __getattr__(self, name):
         return getattr(self._sock, name)
