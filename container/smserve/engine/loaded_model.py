@@ -96,10 +96,7 @@ class LoadedModel:
         model's device, and the prediction comes back as predict_fn made it when an
         output_fn is to read it."""
         with converting("the model's input"):
-            if form is None and len(inputs) == 1:
-                for name, array in inputs.items():  # (the one input: no dict to build)
-                    data = self._tensor(name, array)
-            elif form is None:
+            if form is None:
                 data = self.to_model_input(inputs)
             else:
                 data = form.rebuild({name: self._leaf(name, leaf, was_tensor)
@@ -118,10 +115,7 @@ class LoadedModel:
         the model's own value for an output_fn (raw), else named numpy arrays."""
         if type(prediction) is torch.Tensor and self.staging is None and not (raw and self.hooks.output_fn is not None):
             # The usual answer, one plain tensor: no iterator, nothing staged to copy out.
-            with converting("the model's output"):
-                outputs = self.metadata.outputs
-                name = outputs[0].name if outputs else "output__0"
-                return {name: self._declared(name, to_numpy(prediction))}
+            return self.outputs_to_numpy(prediction)
         if self.hooks.streamed(prediction) or (raw and self.hooks.output_fn is not None):
             return prediction
         outputs = self.outputs_to_numpy(prediction)

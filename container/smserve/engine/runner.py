@@ -264,18 +264,8 @@ class Runner:
 
     def _pass(self, rows: int, fn: Callable, *args):
         """One forward pass outside the batcher (an unbatched model, a request that
-        fills a pass alone), counted as the batcher counts its passes (_counted's
-        steps, without its two closures: this is every full request's path)."""
-        stats = self.stats
-        queued = time.monotonic()
-        stats.pending(1)
-        try:
-            started, result = self._forward(rows, fn, args)
-        finally:
-            stats.pending(-1)
-        stats.waited(queued, started)
-        stats.ran(rows)
-        return result
+        fills a pass alone), counted as the batcher counts its passes."""
+        return self._counted(lambda: self._forward(rows, fn, args), lambda: rows)
 
     def _counted(self, run: Callable[[], tuple[float, object]], records: Callable[[], int]):
         """run() -> (when it started, its result), counted in the model's metrics."""
@@ -455,31 +445,22 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
 
     def run(inputs: Arrays, context=None, form=None) -> Arrays:
         # (predict takes a context and a form only when a request's are given.)
-        try:
-            if form is not None:
-                return predict(inputs, context, form)
-            return predict(inputs) if context is None else predict(inputs, context)
-        except HTTPError:
-            raise
-        except Exception as e:
-            raise _model_failed(e) from e
+        if form is not None:
+            return _named_failure(predict, (inputs, context, form))
+        return _named_failure(predict, (inputs,) if context is None else (inputs, context))
 
     return run
 
 
 def _named_failure(fn: Callable, args: tuple):
-    """fn(*args), the model's own exceptions a 500 that carries their message: for a
-    hook's passes outside the batcher (call_pass), as _guarded names the batcher's."""
+    """fn(*args), the model's own exceptions a 500 that carries their message: for the
+    batcher's passes (_guarded) and a hook's passes outside it (call_pass)."""
     try:
         return fn(*args)
     except HTTPError:
         raise
     except Exception as e:
-        raise _model_failed(e) from e
-
-
-def _model_failed(e: Exception) -> ServerError:
-    return ServerError(f"model failed: {type(e).__name__}: {e}")
+        raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
 
 
 def log_model_failure(error: HTTPError) -> None:
