@@ -133,7 +133,7 @@ class AccessLines:
                     f'"pid": {self._pid}, "message": {encode_basestring_ascii(message)}'
                     + "".join(f", {encode_basestring_ascii(k)}: {_json_value(v)}" for k, v in fields.items())
                     + "}\n").encode()
-        return f"{self._stamp},{millis:03d} [{self._pid}] {levelname} {ACCESS_LOGGER}: {message}\n".encode()
+        return ("%s,%03d [%d] %s %s: %s\n" % (self._stamp, millis, self._pid, levelname, ACCESS_LOGGER, message)).encode()
 
     def _write(self, data: bytes) -> None:
         """One write of whole lines (a pipe takes up to ACCESS_BUFFER_BYTES in one piece)."""

@@ -122,15 +122,12 @@ def describe(environ: dict | Callable[[], dict], status: int, sent: int, seconds
     path = environ.get("PATH_INFO", "")
     method = environ.get("REQUEST_METHOD", "-")
     remote = environ.get("REMOTE_ADDR", "-")
-    latency_ms = round(seconds * 1000.0, 3)
     inference_id = _first(environ, INFERENCE_ID_KEYS)
     session = _first(environ, (SESSION_KEY,))
     if session == session_ids.NEW_SESSION:
         session = _opened_session(headers) or session
-    # (One _quotable for both: JSON escapes character by character, so escaping the two
-    # joined is escaping each.)
-    message = '%s "%s" %d %d %.1fms id=%s' % (remote, _quotable(method + " " + path), status, sent, latency_ms,
-                                              _token(inference_id))
+    message = '%s%d %d %.1fms id=%s' % (_request_part(remote, method, path), status, sent, seconds * 1000.0,
+                                        _token(inference_id))
     if session is not None:
         message += " session=" + _token(session)
     if not with_fields:
@@ -141,7 +138,7 @@ def describe(environ: dict | Callable[[], dict], status: int, sent: int, seconds
         "route": route,
         "status": status,
         "bytes": sent,
-        "latency_ms": latency_ms,
+        "latency_ms": round(seconds * 1000.0, 3),
         "remote": remote,
         "worker": os.getpid(),
     }
@@ -153,6 +150,25 @@ def describe(environ: dict | Callable[[], dict], status: int, sent: int, seconds
     if session is not None:
         fields["session_id"] = session
     return message, fields
+
+
+# The start of a line, `remote "METHOD PATH" `, by (remote, method, path): most lines
+# repeat one of a few. Bounded (a caller chooses the path): emptied when full.
+_request_parts: dict[tuple[str, str, str], str] = {}
+_REQUEST_PARTS_KEPT = 256
+
+
+def _request_part(remote: str, method: str, path: str) -> str:
+    key = (remote, method, path)
+    part = _request_parts.get(key)
+    if part is None:
+        # (One _quotable for both: JSON escapes character by character, so escaping the
+        # two joined is escaping each.)
+        part = '%s "%s" ' % (remote, _quotable(method + " " + path))
+        if len(_request_parts) >= _REQUEST_PARTS_KEPT:
+            _request_parts.clear()
+        _request_parts[key] = part
+    return part
 
 
 def buffer_lines(fmt: str) -> None:
