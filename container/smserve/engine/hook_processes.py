@@ -44,6 +44,7 @@ from itertools import count
 
 import numpy as np
 
+from smserve import files
 from smserve.engine.batchable import is_tensor
 from smserve.errors import ServerError
 
@@ -111,7 +112,7 @@ def restored(value):
 def _discard(value) -> None:
     """Remove the files of shareable's arrays in value that no one will read."""
     if isinstance(value, _Shared):
-        _unlink(value.path)
+        files.remove(value.path)
     elif isinstance(value, (tuple, list)):
         for v in value:
             _discard(v)
@@ -127,15 +128,8 @@ def _discard_written_by(pid: int) -> None:
         with os.scandir(_SHM_DIR) as entries:
             for entry in entries:
                 if entry.name.startswith(prefix):
-                    _unlink(entry.path)
+                    files.remove(entry.path)
     except OSError:
-        pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
         pass
 
 

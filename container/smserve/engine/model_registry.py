@@ -32,6 +32,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
+from smserve import files
 from smserve.errors import BadRequest, Conflict
 
 LOADING, READY, UNLOADING = "loading", "ready", "unloading"
@@ -128,15 +129,15 @@ class SharedRegistry:
         with self._locked():
             current = self.get(entry.name)
             if current is not None and current.generation == entry.generation:
-                _unlink(self._model_path(entry.name))
+                files.remove(self._model_path(entry.name))
         for worker in self.acks(entry):
-            _unlink(self._ack_path(entry, worker))
+            files.remove(self._ack_path(entry, worker))
 
     def ack(self, entry: Entry, worker: int, outcome: dict) -> None:
         os.replace(self._write_temp(outcome), self._ack_path(entry, worker))
 
     def unack(self, entry: Entry, worker: int) -> None:
-        _unlink(self._ack_path(entry, worker))
+        files.remove(self._ack_path(entry, worker))
 
     def forget_worker(self, worker: int) -> None:
         """A worker (re)starts holding nothing: what its predecessor had done is void."""
@@ -144,7 +145,7 @@ class SharedRegistry:
         with os.scandir(self.root) as names:
             for item in names:
                 if item.name.endswith(suffix) and not item.name.endswith(".model"):
-                    _unlink(item.path)
+                    files.remove(item.path)
 
     def acks(self, entry: Entry) -> dict[int, dict]:
         prefix = f"{entry.key}.{entry.generation}.w"
@@ -216,10 +217,3 @@ def _read_json(path: str) -> dict | None:
             return json.load(f)
     except FileNotFoundError:
         return None
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

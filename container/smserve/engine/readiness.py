@@ -9,8 +9,9 @@ removes a worker's marker the moment it reaps it (gunicorn_conf.child_exit).
 
 from __future__ import annotations
 
-import contextlib
 import os
+
+from smserve import files
 
 STARTED = "started"
 
@@ -26,8 +27,7 @@ def mark_ready(state_dir: str, index: int, workers: int) -> None:
 
 
 def clear(state_dir: str, index: int) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(marker(state_dir, index))
+    files.remove(marker(state_dir, index))
 
 
 def missing(state_dir: str, workers: int) -> list[int]:

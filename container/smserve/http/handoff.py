@@ -36,7 +36,7 @@ import gevent
 from gevent import socket as gevent_socket
 from gevent.lock import Semaphore
 
-from smserve import metrics
+from smserve import files, metrics
 from smserve.core import session_ids
 
 log = logging.getLogger(__name__)
@@ -97,10 +97,7 @@ class Handoff:
     def listen(self, take) -> None:
         """Take siblings' connections: take(sock, peer address, bytes already read)."""
         path = socket_path(self.state_dir, self.worker)
-        try:
-            os.unlink(path)  # a predecessor's, killed before it could remove it
-        except FileNotFoundError:
-            pass
+        files.remove(path)  # a predecessor's, killed before it could remove it
         listener = gevent_socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
         listener.listen(64)
@@ -134,10 +131,7 @@ class Handoff:
             self._acceptor.kill(block=False)
         if self._listener is not None:
             self._listener.close()
-            try:
-                os.unlink(socket_path(self.state_dir, self.worker))
-            except FileNotFoundError:
-                pass
+            files.remove(socket_path(self.state_dir, self.worker))
         for channel in self._peers.values():
             channel.close()
         self._peers.clear()
