@@ -102,7 +102,8 @@ def model_fn(model_dir):
 def stream_fn(messages, model, context):
     yield {"path": context.path, "query": context.query, "query_string": context.query_string,
            "custom_attributes": context.custom_attributes, "x_test": context.headers.get("X-Test"),
-           "peer": bool(context.peer)}
+           "peer": bool(context.peer), "device": str(context.device),
+           "system_properties": context.system_properties}
     for message in messages:
         yield context.path + ":" + message
 '''
@@ -143,7 +144,7 @@ def servers(tmp_path_factory, example_model_dir):
     for name in ("ctx", "plain", "batched", "whole"):
         r = requests.post(mme.url + "/models", json={"model_name": name, "url": str(models / name)}, timeout=120)
         assert r.status_code == 200, r.text
-    yield {"single": single, "mme": mme, "sessions": sessions}
+    yield {"single": single, "mme": mme, "sessions": sessions, "sessions_dir": sessions_model}
     for server in (single, mme, sessions):
         server.terminate()
 
@@ -267,7 +268,9 @@ def test_a_stream_fn_session_on_a_path_and_query_the_caller_chose(servers):
         ws.send("hi")
         assert ws.recv(timeout=30) == "/chat/v1:hi"
     assert hello == {"path": "/chat/v1", "query": {"mode": "chat", "lang": "en"}, "query_string": "mode=chat&lang=en",
-                     "custom_attributes": "ws=1", "x_test": "t", "peer": True}
+                     "custom_attributes": "ws=1", "x_test": "t", "peer": True, "device": "cpu",
+                     # As every other hook's context has it (the toolkit's: no GPU here).
+                     "system_properties": {"model_dir": str(servers["sessions_dir"]), "gpu_id": None}}
     # SageMaker's own path still opens one.
     with ws_connect(ws_url(server)) as ws:
         assert json.loads(ws.recv(timeout=30))["path"] == "/invocations-bidirectional-stream"

@@ -254,8 +254,7 @@ class ModelServer:
         """The model's open_session(context): a new session's state, on the inference
         thread (it may put tensors on the device)."""
         hook = self.model.hooks.open_session
-        context.device = self.model.device
-        context.system_properties = self.system_properties
+        self.for_hooks(context)
 
         def run():
             try:
@@ -273,8 +272,7 @@ class ModelServer:
             return
         context = context if context is not None else RequestContext({})  # (at expiry: no request)
         context.session, context.session_id, context.close_reason = state, session_id, how
-        context.device = self.model.device
-        context.system_properties = self.system_properties
+        self.for_hooks(context)
 
         def run():
             try:
@@ -329,8 +327,12 @@ class ModelServer:
         return made
 
     def hook_context(self, message):
-        """The message's context as the model's hooks get it: naming the model's device."""
-        context = message.context
+        """The message's context as the model's hooks get it (for_hooks)."""
+        return self.for_hooks(message.context)
+
+    def for_hooks(self, context):
+        """context as every hook gets it (input_fn ... stream_fn, the session hooks):
+        naming the model's device, with the toolkit's system_properties."""
         context.device = self.model.device
         context.system_properties = self.system_properties
         return context

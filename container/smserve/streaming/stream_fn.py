@@ -38,7 +38,7 @@ class StreamFnSession(Session):
         super().__init__()
         self.server = server
         self.stream_fn = stream_fn
-        self.context = context
+        self.context = server.for_hooks(context)
         self.inbox = _RealQueue()
         self.messages = _Messages(self.inbox, server.model_lock)
         self.delivered = 0
