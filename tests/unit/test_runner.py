@@ -1,9 +1,11 @@
 """The batching runner: requests that arrive together share one forward pass."""
 
+import os
 import threading
 import time
 
 import gevent
+import gevent.socket
 import numpy as np
 import pytest
 
@@ -195,6 +197,47 @@ def test_a_loop_that_has_not_polled_lately_hands_the_pass_to_the_thread():
         pass
     runner.infer({"x": x})
     assert model.threads[-1] != threading.get_ident()
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_full_requests_read_in_one_turn_run_their_passes_back_to_back(together):
+    """Full requests whose bytes came in with others' (the loop's poll found them all
+    ready) queue, so the passes run one after another once all are read; a full request
+    with no other ready goes straight to its pass, as before."""
+    events = []
+
+    def model(inputs):
+        events.append("pass")
+        return {"y": inputs["x"]}
+
+    runner = Runner()
+    runner.start(model, max_batch_size=4, inline_pass_s=0.5)
+    x = np.zeros((4, 2), np.float32)
+    runner.infer({"x": x})  # the size measured: later passes run inline
+    events.clear()
+    pipes = [os.pipe() for _ in range(3)]
+
+    def request(read_end):
+        gevent.socket.wait_read(read_end)
+        os.read(read_end, 1)
+        events.append("read")
+        runner.infer({"x": x})
+        events.append("answered")
+
+    jobs = [gevent.spawn(request, r) for r, _ in pipes]
+    gevent.sleep(0.01)  # each waits for its bytes
+    for _, w in pipes:
+        os.write(w, b"x")
+        if not together:
+            gevent.sleep(0.01)  # one at a time: each alone in its turn of the loop
+    gevent.joinall(jobs, raise_error=True)
+    for r, w in pipes:
+        os.close(r)
+        os.close(w)
+    if together:
+        assert events == ["read"] * 3 + ["pass"] * 3 + ["answered"] * 3
+    else:
+        assert events == ["read", "pass", "answered"] * 3
 
 
 def test_a_model_held_by_another_thread_is_waited_for_on_the_inference_thread_not_the_loop():

@@ -1,7 +1,8 @@
 """Who gets a core first: the event loop, which answers /ping and moves every request's
 bytes, before the threads that run model and hook code; and when the loop last polled
 its sockets, which decides whether a short forward pass may run on its thread
-(runner.Runner._forward)."""
+(runner.Runner._forward), and whether that poll left other greenlets ready to run
+(runner.Runner._direct)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ class _PollClock:
 
     def _polled(self) -> None:
         self.at = time.monotonic()
+
+    def others_ready(self) -> bool:
+        """Whether watchers the last poll found ready are still waiting to run this turn
+        (libev's pending count): other greenlets, whose requests' bytes came in with the
+        running one's. False where the loop cannot say (libuv)."""
+        return bool(getattr(self._watcher.loop, "pendingcnt", 0))
 
 
 _clocks: dict = {}
