@@ -204,6 +204,8 @@ def test_full_requests_read_in_one_turn_run_their_passes_back_to_back(together):
     """Full requests whose bytes came in with others' (the loop's poll found them all
     ready) queue, so the passes run one after another once all are read; a full request
     with no other ready goes straight to its pass, as before."""
+    if not hasattr(gevent.get_hub().loop, "pendingcnt"):
+        pytest.skip("this gevent loop (libuv) does not count its ready watchers: every full request goes straight on")
     events = []
 
     def model(inputs):
