@@ -144,6 +144,18 @@ class AccessLines:
             pass  # stderr gone (as logging's handler would): lines lost, never a request failed
 
 
+def timer_on(loop, seconds: float):
+    """AccessLines' `schedule` on a gevent loop: fn runs once, `seconds` after each call.
+    A new timer each call: libev's one-shot timer, started again once it has fired, fires
+    at once (the time it was set for is spent), which wrote the lines at every turn of
+    the loop (at -c 1, a write per request) instead of every ACCESS_FLUSH_S."""
+
+    def schedule(fn) -> None:
+        loop.timer(seconds).start(fn)
+
+    return schedule
+
+
 # The worker's AccessLines (access.buffer_lines), for every way out of the process.
 _exiting_flushes: list[AccessLines] = []
 

@@ -158,3 +158,21 @@ def test_a_wsgi_environ_waits_without_the_body(monkeypatch, caplog):
     [(_, _, details)] = lines._pending
     assert details[0] == {"REQUEST_METHOD": "POST", "PATH_INFO": "/mine", "REMOTE_ADDR": "10.0.0.1",
                           "HTTP_X_AMZN_REQUESTID": "req-7"}
+
+
+def test_on_the_worker_loop_each_line_waits_for_the_timer_not_only_the_first(pipe):
+    """A libev one-shot timer started again after it has fired fires at once: with one
+    timer reused, every line after the first flush was written at the next turn of the
+    loop (a write per request at -c 1), not within ACCESS_FLUSH_S as a batch."""
+    import gevent
+
+    read, write = pipe
+    lines = access_lines("text", write, logs.timer_on(gevent.get_hub().loop, 0.3))
+    for i in range(3):  # the first round passed before; the others wrote at once
+        lines.add("INFO", (f"line {i}", None))
+        gevent.sleep(0.02)  # turns of the loop
+        assert drain(read) == b"", f"round {i}: written before its timer"
+        deadline = time.monotonic() + 5
+        while not (written := drain(read)) and time.monotonic() < deadline:
+            gevent.sleep(0.02)
+        assert written.endswith(f"line {i}\n".encode())

@@ -178,8 +178,8 @@ def buffer_lines(fmt: str) -> None:
     global _lines
     import gevent  # here: only a worker runs a hub (the master imports this module too)
 
-    timer = gevent.get_hub().loop.timer(logs.ACCESS_FLUSH_S)
-    _lines = logs.AccessLines(fmt, sys.stderr.fileno(), timer.start, describe)
+    _lines = logs.AccessLines(fmt, sys.stderr.fileno(), logs.timer_on(gevent.get_hub().loop, logs.ACCESS_FLUSH_S),
+                              describe)
     logs.flush_on_exit(_lines)
     atexit.register(flush)
 
