@@ -148,10 +148,12 @@ def timer_on(loop, seconds: float):
     """AccessLines' `schedule` on a gevent loop: fn runs once, `seconds` after each call.
     A new timer each call: libev's one-shot timer, started again once it has fired, fires
     at once (the time it was set for is spent), which wrote the lines at every turn of
-    the loop (at -c 1, a write per request) instead of every ACCESS_FLUSH_S."""
+    the loop (at -c 1, a write per request) instead of every ACCESS_FLUSH_S. And from the
+    clock's time, not the loop's: that is the time of its last turn, which a long pass
+    on the loop's thread leaves behind by as much."""
 
     def schedule(fn) -> None:
-        loop.timer(seconds).start(fn)
+        loop.timer(seconds).start(fn, update=True)
 
     return schedule
 
