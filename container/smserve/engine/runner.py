@@ -27,7 +27,7 @@ from smserve.engine.passes import Arrays, concatenate, pass_rows, records_in, ro
 from smserve.engine.hooks import is_stream, user_frames_first
 from smserve.engine.model_thread import ModelThread
 from smserve.engine.priority import poll_clock, yield_cpu_to_the_loop
-from smserve.errors import HTTPError, ServerError
+from smserve.errors import HTTPError, Named500, ServerError
 
 log = logging.getLogger(__name__)
 
@@ -461,12 +461,8 @@ def _guarded(predict: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
 def _named_failure(fn: Callable, args: tuple):
     """fn(*args), the model's own exceptions a 500 that carries their message: for the
     batcher's passes (_guarded) and a hook's passes outside it (call_pass)."""
-    try:
+    with Named500("model failed"):
         return fn(*args)
-    except HTTPError:
-        raise
-    except Exception as e:
-        raise ServerError(f"model failed: {type(e).__name__}: {e}") from e
 
 
 def log_model_failure(error: HTTPError) -> None:
