@@ -11,11 +11,12 @@ from email.utils import formatdate
 
 import gevent
 from gunicorn import SERVER
+from gunicorn.http import wsgi
 from gevent import socket as gevent_socket
 
 from smserve.errors import json_error_body
 from smserve.http import turns
-from smserve.http.body import READ_SIZE
+from smserve.http.body import READ_SIZE, ClientError
 from smserve.http.connection import Close
 from smserve.routes.table import reason
 
@@ -158,3 +159,15 @@ def linger(sock) -> None:
                 turn.take()
     except (OSError, Close):
         pass
+
+
+def wsgi_request(req, sender, addr, listener_name, cfg):
+    """gunicorn's response writer and WSGI environ for a request the app answers. A head
+    the environ cannot be built from (a SCRIPT_NAME header that is no prefix of the
+    path, say) is the client's error."""
+    try:
+        resp, environ = wsgi.create(req, sender, addr, listener_name, cfg)
+    except Exception as e:  # noqa: BLE001 - gunicorn raises plain exceptions for bad heads
+        raise ClientError(400, f"malformed request head: {type(e).__name__}: {e}") from None
+    environ["wsgi.multithread"] = True
+    return resp, environ

@@ -60,7 +60,7 @@ from smserve.http.head import PlainHeadParser
 from smserve.http.body import ClientError, asks_to_close, check_head, joined_headers, parse_error, read_body
 from smserve.http.connection import (Close, Connection, RequestSource, SettledConfig, buffered, bytes_waiting,
                                      connection_cap, make_room, sweep_idle)
-from smserve.http.sending import Sender, SendTimeout, answer_head, reset_on_close, send_error
+from smserve.http.sending import Sender, SendTimeout, answer_head, reset_on_close, send_error, wsgi_request
 from smserve.routes.table import Request, RouteTable, reason
 from smserve.http import websocket
 
@@ -434,7 +434,7 @@ class GeventModelWorker(base.Worker):
                 if req._expected_100_continue:
                     sender.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             else:
-                resp, answered.environ = _wsgi_request(req, sender, addr, listener_name, self.cfg)
+                resp, answered.environ = wsgi_request(req, sender, addr, listener_name, self.cfg)
             conn = self.connections[sock]
             conn.expect_by(self.settings.body_timeout, 408,
                            f"request body not received within {self.settings.body_timeout} s")
@@ -492,16 +492,4 @@ class GeventModelWorker(base.Worker):
                 respiter.close()
             answered.status, answered.sent = resp.status_code or 0, resp.sent
         return not resp.should_close() and self._goes_on(parser, sock)
-
-
-def _wsgi_request(req, sender, addr, listener_name, cfg):
-    """gunicorn's response writer and WSGI environ for a request the app answers. A head
-    the environ cannot be built from (a SCRIPT_NAME header that is no prefix of the
-    path, say) is the client's error."""
-    try:
-        resp, environ = wsgi.create(req, sender, addr, listener_name, cfg)
-    except Exception as e:  # noqa: BLE001 - gunicorn raises plain exceptions for bad heads
-        raise ClientError(400, f"malformed request head: {type(e).__name__}: {e}") from None
-    environ["wsgi.multithread"] = True
-    return resp, environ
 
