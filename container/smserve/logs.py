@@ -24,6 +24,8 @@ ACCESS_BUFFER_LINES = 64
 # write (POSIX): lines are written at most this many bytes at a time, so two workers'
 # lines never mix.
 ACCESS_BUFFER_BYTES = select.PIPE_BUF
+# A time's milliseconds as logging's format writes them (",%03d"), made once.
+_MILLIS = tuple("%03d" % millis for millis in range(1000))
 
 
 def json_time(created: float) -> str:
@@ -74,7 +76,7 @@ class AccessLines:
 
     A request hands over only its details; its line is made at flush, with the others
     waiting: made one after another, lines cost a third of what each made in the midst
-    of its request's work costs. `describe(*details, with_fields)` makes a line's
+    of its request's work costs. `describe(details, with_fields)` makes a line's
     message and (for JSON) its fields.
 
     Not thread-safe: one thread (the worker's event loop) adds lines. `schedule(fn)`
@@ -90,9 +92,13 @@ class AccessLines:
         self._scheduled = False
         self._second = -1
         self._stamp = ""  # the time down to the second, made once a second
+        # What a line says between its time and its message, by level: made once.
+        self._middles: dict[int, str] = {}
+        self._json_keys: dict[str, str] = {}  # a field's name as JSON writes it, with its separators
 
-    def add(self, levelname: str, details: tuple) -> None:
-        self._pending.append((time.time(), levelname, details))
+    def add(self, level: int, details: tuple) -> None:
+        """level: logging's (INFO, DEBUG)."""
+        self._pending.append((time.time(), level, details))
         if len(self._pending) >= ACCESS_BUFFER_LINES:
             self.flush()
         elif not self._scheduled:
@@ -105,35 +111,51 @@ class AccessLines:
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
-        chunk: list[bytes] = []
+        chunk: list[str] = []
         size = 0
-        for created, levelname, details in pending:
+        for created, level, details in pending:
             try:
-                line = self._line(created, levelname, *self._describe(*details, self.json))
+                line = self._line(created, level, *self._describe(details, self.json))
             except Exception:  # noqa: BLE001 - a line that cannot be made must not cost the others
                 logging.getLogger(__name__).exception("an access line could not be made")
                 continue
-            if size + len(line) > ACCESS_BUFFER_BYTES and chunk:
-                self._write(b"".join(chunk))
+            length = len(line) if line.isascii() else len(line.encode())
+            if size + length > ACCESS_BUFFER_BYTES and chunk:
+                self._write("".join(chunk).encode())
                 chunk, size = [], 0
             chunk.append(line)
-            size += len(line)
+            size += length
         if chunk:
-            self._write(b"".join(chunk))
+            self._write("".join(chunk).encode())
 
-    def _line(self, created: float, levelname: str, message: str, fields: dict | None) -> bytes:
+    def _line(self, created: float, level: int, message: str, fields: dict | None) -> str:
         second = int(created)
         if second != self._second:
             self._second = second
-            self._stamp = (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) if self.json else
-                           time.strftime("%Y-%m-%d %H:%M:%S", logging.Formatter.converter(second)))
-        millis = int((created - second) * 1000)
-        if self.json:
-            return (f'{{"time": "{self._stamp}.{millis:03d}Z", "level": "{levelname}", "logger": "{ACCESS_LOGGER}", '
-                    f'"pid": {self._pid}, "message": {encode_basestring_ascii(message)}'
-                    + "".join(f", {encode_basestring_ascii(k)}: {_json_value(v)}" for k, v in fields.items())
-                    + "}\n").encode()
-        return ("%s,%03d [%d] %s %s: %s\n" % (self._stamp, millis, self._pid, levelname, ACCESS_LOGGER, message)).encode()
+            self._stamp = (time.strftime('{"time": "%Y-%m-%dT%H:%M:%S.', time.gmtime(second)) if self.json else
+                           time.strftime("%Y-%m-%d %H:%M:%S,", logging.Formatter.converter(second)))
+        middle = self._middles.get(level)
+        if middle is None:
+            name = logging.getLevelName(level)
+            middle = self._middles[level] = (
+                f'Z", "level": {encode_basestring_ascii(name)}, "logger": "{ACCESS_LOGGER}", "pid": {self._pid}, '
+                '"message": ' if self.json else f" [{self._pid}] {name} {ACCESS_LOGGER}: ")
+        millis = _MILLIS[int((created - second) * 1000)]
+        if not self.json:
+            return "".join((self._stamp, millis, middle, message, "\n"))
+        parts = [self._stamp, millis, middle, encode_basestring_ascii(message)]
+        keys = self._json_keys
+        for key, value in fields.items():
+            name = keys.get(key)
+            if name is None:
+                if len(keys) >= 64:
+                    keys.clear()
+                name = keys[key] = ", " + encode_basestring_ascii(key) + ": "
+            kind = type(value)
+            parts += (name, encode_basestring_ascii(value) if kind is str else repr(value) if kind is int
+                      else _json_value(value))
+        parts.append("}\n")
+        return "".join(parts)
 
     def _write(self, data: bytes) -> None:
         """One write of whole lines (a pipe takes up to ACCESS_BUFFER_BYTES in one piece)."""

@@ -17,7 +17,6 @@ import logging
 import os
 import sys
 import time
-from typing import Callable
 
 from smserve import logs, metrics
 from smserve.core import session_ids
@@ -35,8 +34,6 @@ _NEW_SESSION_HEADER = session_ids.NEW_SESSION_ID.lower()
 # The id a caller gave InvokeEndpoint (InferenceId), else SageMaker's own request id.
 INFERENCE_ID_KEYS = ("HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID", "HTTP_X_AMZN_REQUESTID", "HTTP_X_AMZN_TRACE_ID",
                      "HTTP_X_REQUEST_ID")
-# What the line reads of an environ.
-_LINE_KEYS = ("PATH_INFO", "REQUEST_METHOD", "REMOTE_ADDR", SESSION_KEY) + REQUEST_ID_KEYS
 # A caller's id is written as sent up to this length (SageMaker's InferenceId: 64).
 MAX_ID_CHARS = 256
 # What a request that no route took is counted as: never its raw path, which a
@@ -65,19 +62,9 @@ def peer(addr) -> str:
     return str(addr or "-")
 
 
-def request_environ(req, addr) -> dict:
-    """What log_request reads from a WSGI environ, for a request answered without one
-    (the worker's direct routes, WebSocket handshakes): gunicorn's parsed request."""
-    environ = {"REQUEST_METHOD": req.method, "PATH_INFO": req.path, "REMOTE_ADDR": peer(addr)}
-    for name, value in req.headers:
-        key = _ENVIRON_KEY.get(name)
-        if key is not None:
-            environ[key] = value
-    return environ
-
-
 # A header's name as gunicorn gives it (upper case) -> its WSGI environ key, for the
-# headers the line reads: one look-up a header instead of building each one's key.
+# headers the line reads of a request answered without an environ: one look-up a header
+# instead of building each one's key.
 # (Both spellings, as the environ's own key reads a header named with "_" or "-".)
 _ENVIRON_KEY = {name: key for key in REQUEST_ID_KEYS + (SESSION_KEY,) for name in (key[5:].replace("_", "-"), key[5:])}
 
@@ -90,46 +77,69 @@ def _opened_session(headers) -> str | None:
     return None
 
 
-def log_request(environ: dict | Callable[[], dict], status: int, sent: int, started: float, quiet: bool = False,
+def log_request(request: dict | tuple, status: int, sent: int, started: float, quiet: bool = False,
                 route: str | None = None, headers=None) -> None:
-    """quiet: a health check's route, whose success SageMaker asks for every few seconds.
-    route: the pattern of the route that answered (None: none did; the Flask app's
-    own rule, if it has one, then names it). headers: the answer's, where a NEW_SESSION
-    request's answer names the session it opened (only read for such a request)."""
+    """request: the WSGI environ the app answered with, or (req, addr), gunicorn's parsed
+    request and the peer's address, for a request answered without one (the worker's
+    direct routes, refusals). quiet: a health check's route, whose success SageMaker asks
+    for every few seconds. route: the pattern of the route that answered (None: none did;
+    the Flask app's own rule, if it has one, then names it). headers: the answer's, where
+    a NEW_SESSION request's answer names the session it opened (only read for such a
+    request)."""
     seconds = time.monotonic() - started
+    environ = None if type(request) is tuple else request
     if route is None:
-        environ = _made(environ)
-        route = _app_rule(environ) or UNMATCHED
+        route = (environ is not None and _app_rule(environ)) or UNMATCHED
     metrics.request(route, status, seconds)
     level = logging.DEBUG if status == 200 and quiet else logging.INFO
     if not log.isEnabledFor(level):
         return
     lines = _lines
+    with_request_id = lines is None or lines.json
+    if environ is not None:
+        get = environ.get
+        details = _details(get("REMOTE_ADDR", "-"), get("REQUEST_METHOD", "-"), get("PATH_INFO", ""), environ,
+                           status, sent, seconds, route, headers, with_request_id)
+    else:
+        req, addr = request
+        ids = {}
+        for name, value in req.headers:
+            if name in _ENVIRON_KEY:
+                ids[_ENVIRON_KEY[name]] = value
+        details = _details(peer(addr), req.method, req.path, ids, status, sent, seconds, route, headers,
+                           with_request_id)
     if lines is not None:
-        if type(environ) is dict:
-            # (A WSGI environ holds the body: only what the line reads waits with it.)
-            environ = {key: environ[key] for key in _LINE_KEYS if key in environ}
-        lines.add(logging.getLevelName(level), (environ, status, sent, seconds, route, headers))
+        lines.add(level, details)
         return
-    message, fields = describe(environ, status, sent, seconds, route, headers, True)
+    message, fields = describe(details, True)
     log.log(level, "%s", message, extra={"fields": fields})
 
 
-def describe(environ: dict | Callable[[], dict], status: int, sent: int, seconds: float, route: str,
-             headers, with_fields: bool) -> tuple[str, dict | None]:
-    """A request's access line: its text message, and its fields for the JSON form."""
-    environ = _made(environ)
-    path = environ.get("PATH_INFO", "")
-    method = environ.get("REQUEST_METHOD", "-")
-    remote = environ.get("REMOTE_ADDR", "-")
-    inference_id = _first(environ, INFERENCE_ID_KEYS)
-    session = _first(environ, (SESSION_KEY,))
+def _details(remote: str, method: str, path: str, ids: dict, status: int, sent: int, seconds: float, route: str,
+             headers, with_request_id: bool) -> tuple:
+    """What a request's line says (describe's arguments), read now and as strings and
+    numbers only: a line waiting in the buffer keeps neither the request, its environ
+    (which holds the body) nor the answer's headers alive. (Kept, they made the
+    collector run every ~70 requests: what a waiting line holds counts against gen0's
+    threshold until the flush frees it.) ids: the environ, or the id headers' values
+    by their environ keys."""
+    if not ids:
+        return remote, method, path, status, sent, seconds, route, None, None, None
+    session = _first(ids, (SESSION_KEY,))
     if session == session_ids.NEW_SESSION:
         session = _opened_session(headers) or session
-    message = '%s%d %d %.1fms id=%s' % (_request_part(remote, method, path), status, sent, seconds * 1000.0,
-                                        _token(inference_id))
-    if session is not None:
-        message += " session=" + _token(session)
+    return (remote, method, path, status, sent, seconds, route, _first(ids, INFERENCE_ID_KEYS),
+            _first(ids, REQUEST_ID_KEYS) if with_request_id else None, session)
+
+
+def describe(details: tuple, with_fields: bool) -> tuple[str, dict | None]:
+    """A request's access line from its _details: its text message, and its fields for
+    the JSON form."""
+    remote, method, path, status, sent, seconds, route, inference_id, request_id, session = details
+    part = _request_parts.get((remote, method, path)) or _request_part(remote, method, path)
+    message = '%s%d %d %.1fms id=%s%s' % (part, status, sent, seconds * 1000.0,
+                                          "-" if inference_id is None else _token(inference_id),
+                                          "" if session is None else " session=" + _token(session))
     if not with_fields:
         return message, None
     fields = {
@@ -138,19 +148,22 @@ def describe(environ: dict | Callable[[], dict], status: int, sent: int, seconds
         "route": route,
         "status": status,
         "bytes": sent,
-        "latency_ms": round(seconds * 1000.0, 3),
+        "latency_ms": int(seconds * 1e6 + 0.5) / 1000,  # to the microsecond (round() costs 4x)
         "remote": remote,
-        "worker": os.getpid(),
+        "worker": _pid[0],
     }
     if inference_id is not None:
         fields["inference_id"] = inference_id
-    request_id = _first(environ, REQUEST_ID_KEYS)
     if request_id is not None:
         fields["request_id"] = request_id
     if session is not None:
         fields["session_id"] = session
     return message, fields
 
+
+# This process's ID (the JSON line's "worker"), read once, and again in a forked child.
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 # The start of a line, `remote "METHOD PATH" `, by (remote, method, path): most lines
 # repeat one of a few. Bounded (a caller chooses the path): emptied when full.
@@ -159,15 +172,13 @@ _REQUEST_PARTS_KEPT = 256
 
 
 def _request_part(remote: str, method: str, path: str) -> str:
-    key = (remote, method, path)
-    part = _request_parts.get(key)
-    if part is None:
-        # (One _quotable for both: JSON escapes character by character, so escaping the
-        # two joined is escaping each.)
-        part = '%s "%s" ' % (remote, _quotable(method + " " + path))
-        if len(_request_parts) >= _REQUEST_PARTS_KEPT:
-            _request_parts.clear()
-        _request_parts[key] = part
+    """The start of a line, where _request_parts has none for it yet."""
+    # (One _quotable for both: JSON escapes character by character, so escaping the two
+    # joined is escaping each.)
+    part = '%s "%s" ' % (remote, _quotable(method + " " + path))
+    if len(_request_parts) >= _REQUEST_PARTS_KEPT:
+        _request_parts.clear()
+    _request_parts[(remote, method, path)] = part
     return part
 
 
@@ -187,11 +198,6 @@ def buffer_lines(fmt: str) -> None:
 def flush() -> None:
     """Writes the access lines still buffered (a no-op outside a worker)."""
     logs.flush_access_lines()
-
-
-def _made(environ):
-    """environ may be given as the function that makes it: made only when it is read."""
-    return environ() if callable(environ) else environ
 
 
 def _first(environ: dict, keys: tuple[str, ...]) -> str | None:

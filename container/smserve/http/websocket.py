@@ -61,13 +61,12 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
     A session that opens while the worker drains (its handshake was waiting at SIGTERM)
     drains at once: the messages that came with the handshake are answered, then 1001."""
     started = time.monotonic()
-    environ = access.request_environ(req, addr)
     try:
         key = check_handshake(req)
         check_session(worker.model_server, req)
     except HandshakeRefused as refused:
         worker.send_error(sock, refused.status, refused.message, refused.headers)
-        access.log_request(environ, refused.status, 0, started, route=PATH)
+        access.log_request((req, addr), refused.status, 0, started, route=PATH)
         return
     writer.sendall(accept_response(key))
     websocket = WebSocket(worker, sock, writer, req, leftover, addr)
@@ -82,8 +81,8 @@ def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
     finally:
         worker.sessions.discard(websocket)
         metrics.websocket_session(opened=False)
-        access.log_request(environ, 101, websocket.sent, started, route=PATH)
-        log.info("session from %s closed %d after %d message(s) in, %d out%s", environ["REMOTE_ADDR"],
+        access.log_request((req, addr), 101, websocket.sent, started, route=PATH)
+        log.info("session from %s closed %d after %d message(s) in, %d out%s", access.peer(addr),
                  websocket.close_code or 0, websocket.received, websocket.answered,
                  f", cut off: {websocket.cut_off}" if websocket.cut_off else "")
 

@@ -345,7 +345,7 @@ class GeventModelWorker(base.Worker):
                 refusal = self.handoff.hand_off(owner, req, sock, addr, parser.unreader.take_buffered())
                 if refusal is not None:
                     self.send_error(sock, 400, refusal)
-                    access.log_request(access.request_environ(req, addr), 400, 0, started)
+                    access.log_request((req, addr), 400, 0, started)
                 return False
         if req.path == websocket.PATH or (req.method == "GET" and websocket.offers_websocket(req)
                                           and not self.settings.multi_model and not self.routes.has_path(req.path)):
@@ -358,7 +358,7 @@ class GeventModelWorker(base.Worker):
         try:
             return self._serve_request(listener_name, req, sock, addr, parser, answered)
         finally:
-            access.log_request(answered.environ or (lambda: access.request_environ(req, addr)), answered.status,
+            access.log_request(answered.environ or (req, addr), answered.status,
                                answered.sent, started, answered.quiet, answered.route, answered.headers)
 
     def _open_session(self, req, sock, addr, parser, started) -> bool:
@@ -368,7 +368,7 @@ class GeventModelWorker(base.Worker):
             self.send_error(sock, 503, f"this worker is at its connection cap ({self.max_connections}, "
                                        "SMSERVE_MAX_CONNECTIONS): no new WebSocket session; try again later",
                             {"Retry-After": "1"})
-            access.log_request(access.request_environ(req, addr), 503, 0, started, route=websocket.PATH)
+            access.log_request((req, addr), 503, 0, started, route=websocket.PATH)
             return False
         # A WebSocket session takes the connection over until it closes.
         sender = Sender(sock, self.settings.send_deadline)
