@@ -126,28 +126,56 @@ def test_each_write_is_whole_lines_within_what_a_pipe_writes_atomically(monkeypa
     assert [line.rsplit(": ", 1)[1].split(" ")[0] for line in text.splitlines()[:200]] == [str(i) for i in range(200)]
 
 
+# Requests whose lines must read as logging's: ids to quote, a session, a target with a
+# quote, a backslash and non-ASCII in it, a peer without an address.
+ENVIRONS = [
+    {"REQUEST_METHOD": "POST", "PATH_INFO": "/invocations", "REMOTE_ADDR": "10.0.0.1",
+     "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID": "inf-42", "HTTP_X_AMZN_REQUESTID": "req-7", access.SESSION_KEY: "sess-1"},
+    {"REQUEST_METHOD": "GET", "PATH_INFO": '/caf\u00e9/"q"\\ 200 0', "REMOTE_ADDR": "10.0.0.2",
+     "HTTP_X_REQUEST_ID": 'a b" 200 0'},
+    {"REQUEST_METHOD": "POST", "PATH_INFO": "/models/m/invoke", "HTTP_X_AMZN_TRACE_ID": "Root=1-2-3"},
+]
+
+
 def test_log_request_writes_through_the_buffer_what_logging_would_log(monkeypatch, caplog, pipe):
     read, write = pipe
-    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/invocations", "REMOTE_ADDR": "10.0.0.1",
-               "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID": "inf-42", "HTTP_X_AMZN_REQUESTID": "req-7",
-               access.SESSION_KEY: "sess-1"}
     started = time.monotonic()
     monkeypatch.setattr(access.time, "monotonic", lambda: started + 0.0145)
     with caplog.at_level(logging.INFO, logger=logs.ACCESS_LOGGER):
-        access.log_request(environ, 200, 419, started, route="/invocations")
-        [record] = caplog.records
-        for fmt in ("text", "json"):
-            monkeypatch.setattr(access, "_lines", logs.AccessLines(fmt, write, Scheduled(), access.describe))
+        for environ in ENVIRONS:
             access.log_request(environ, 200, 419, started, route="/invocations")
+        records = list(caplog.records)
+        for fmt in ("text", "json"):
+            monkeypatch.setattr(access, "_lines", access.access_lines(fmt, write, Scheduled()))
+            for environ in ENVIRONS:
+                access.log_request(environ, 200, 419, started, route="/invocations")
             access._lines.flush()
-            line = drain(read).decode()
-            if fmt == "text":
-                assert line.endswith(f"INFO smserve.access: {record.getMessage()}\n")
-            else:
-                entry = json.loads(line)
-                assert entry["message"] == record.getMessage() and entry["session_id"] == "sess-1"
-                assert {k: entry[k] for k in record.fields} == record.fields
-    assert len(caplog.records) == 1  # the buffered lines bypassed logging
+            lines = drain(read).decode().splitlines()
+            assert len(lines) == len(records)
+            for line, record in zip(lines, records):
+                if fmt == "text":
+                    assert line.endswith(f"INFO smserve.access: {record.getMessage()}")
+                else:
+                    entry = json.loads(line)
+                    assert entry["message"] == record.getMessage()
+                    assert {k: entry[k] for k in record.fields} == record.fields
+    assert len(caplog.records) == len(ENVIRONS)  # the buffered lines bypassed logging
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_line_that_cannot_be_made_costs_only_itself(caplog, pipe, fmt):
+    read, write = pipe
+    lines = access.access_lines(fmt, write, Scheduled())
+    good = ("10.0.0.1", "POST", "/invocations", 200, 2, 0.001, "/invocations", None, None, None)
+    lines.add(logging.INFO, good)
+    lines.add(logging.INFO, good[:3] + ("not a status",) + good[4:])
+    lines.add(logging.INFO, good)
+    with caplog.at_level(logging.ERROR, logger=logs.__name__):
+        lines.flush()
+    assert [r.getMessage() for r in caplog.records] == ["an access line could not be made"]
+    written = drain(read).decode().splitlines()
+    assert len(written) == 2 and all('POST /invocations\\" 200 2 ' in line or 'POST /invocations" 200 2 ' in line
+                                     for line in written)
 
 
 class Parsed:

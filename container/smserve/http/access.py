@@ -132,16 +132,25 @@ def _details(remote: str, method: str, path: str, ids: dict, status: int, sent: 
             _first(ids, REQUEST_ID_KEYS) if with_request_id else None, session)
 
 
+# A line's text message, `remote "METHOD PATH" status bytes latency id=... [session=...]`:
+# MESSAGE_FORMAT % message_args(details).
+MESSAGE_FORMAT = '%s%d %d %.1fms id=%s%s'
+
+
+def message_args(details: tuple) -> tuple:
+    remote, method, path, status, sent, seconds, _, inference_id, _, session = details
+    return (_request_parts.get((remote, method, path)) or _request_part(remote, method, path), status, sent,
+            seconds * 1000.0, "-" if inference_id is None else _token(inference_id),
+            "" if session is None else " session=" + _token(session))
+
+
 def describe(details: tuple, with_fields: bool) -> tuple[str, dict | None]:
     """A request's access line from its _details: its text message, and its fields for
     the JSON form."""
-    remote, method, path, status, sent, seconds, route, inference_id, request_id, session = details
-    part = _request_parts.get((remote, method, path)) or _request_part(remote, method, path)
-    message = '%s%d %d %.1fms id=%s%s' % (part, status, sent, seconds * 1000.0,
-                                          "-" if inference_id is None else _token(inference_id),
-                                          "" if session is None else " session=" + _token(session))
+    message = MESSAGE_FORMAT % message_args(details)
     if not with_fields:
         return message, None
+    remote, method, path, status, sent, seconds, route, inference_id, request_id, session = details
     fields = {
         "method": method,
         "path": path,
@@ -189,10 +198,14 @@ def buffer_lines(fmt: str) -> None:
     global _lines
     import gevent  # here: only a worker runs a hub (the master imports this module too)
 
-    _lines = logs.AccessLines(fmt, sys.stderr.fileno(), logs.timer_on(gevent.get_hub().loop, logs.ACCESS_FLUSH_S),
-                              describe)
+    _lines = access_lines(fmt, sys.stderr.fileno(), logs.timer_on(gevent.get_hub().loop, logs.ACCESS_FLUSH_S))
     logs.flush_on_exit(_lines)
     atexit.register(flush)
+
+
+def access_lines(fmt: str, fd: int, schedule) -> logs.AccessLines:
+    """The buffer a worker writes its access lines through (fmt: text or json)."""
+    return logs.AccessLines(fmt, fd, schedule, describe, (MESSAGE_FORMAT, message_args))
 
 
 def flush() -> None:
