@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-@dataclass
+@dataclass(frozen=True)  # (frozen: a kept v2 header's plan hands the same ones to each request)
 class RequestedOutput:
     name: str
     # None: the request did not say; the protocol's default applies.

@@ -175,7 +175,8 @@ def encode_response(response: InferenceResponse) -> tuple[bytes, int | None]:
     if not blobs:
         return b"".join(header), None
     # One copy of each tensor: straight from its memory into the body.
-    return b"".join([*header, *blobs]), sum(memoryview(p).nbytes for p in header)
+    # (The header's pieces are bytes and byte memoryviews: len is their size.)
+    return b"".join([*header, *blobs]), sum(map(len, header))
 
 
 
