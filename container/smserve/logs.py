@@ -76,9 +76,10 @@ class AccessLines:
 
     A request hands over only its details; its line is made at flush, with the others
     waiting. `describe(details, with_fields)` makes a line's message and (for JSON) its
-    fields. `message`, (format, args), makes the text message as `format % args(details)`:
-    then the waiting text lines are made in one %-format, a third of what making each
-    costs (without it, describe's message is used).
+    fields. `message`, (format, args), makes what follows a line's head (its time, level
+    and logger) as `format % args(details)`: the text message, or for JSON the message
+    and the fields and the closing brace. Then the waiting lines are made in one
+    %-format, a third of what making each costs (without it, from describe's).
 
     Not thread-safe: one thread (the worker's event loop) adds lines. `schedule(fn)`
     runs fn once, ACCESS_FLUSH_S later, on that thread; flush() must also run at exit."""
@@ -88,8 +89,12 @@ class AccessLines:
         self.fd = fd
         self._schedule = schedule
         self._describe = describe
-        message_format, self._message_args = message or ("%s", lambda details: (describe(details, False)[0],))
-        self._line_format = "%s%s%s" + message_format + "\n"  # the time, its milliseconds, the middle, the message
+        if message is None and not self.json:
+            message = ("%s", lambda details: (describe(details, False)[0],))
+        # The time, its milliseconds, the middle, then what message makes; None: JSON
+        # lines made from describe's fields, one at a time.
+        self._line_format = None if message is None else "%s%s%s" + message[0] + "\n"
+        self._message_args = None if message is None else message[1]
         self._pid = os.getpid()
         self._pending: list[tuple] = []
         self._scheduled = False
@@ -116,15 +121,15 @@ class AccessLines:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        if not self.json:
+        if self._line_format is not None:
             try:
-                self._write_lines(self._text_lines(pending))
+                self._write_lines(self._batch_lines(pending))
                 return
             except Exception:  # noqa: BLE001 - one line that cannot be made: the others are, one by one
                 pass
         self._write_lines("".join(self._each_line(pending)))
 
-    def _text_lines(self, pending: list[tuple]) -> str:
+    def _batch_lines(self, pending: list[tuple]) -> str:
         args: list = []
         extend = args.extend
         message_args = self._message_args
@@ -140,10 +145,10 @@ class AccessLines:
     def _each_line(self, pending: list[tuple]):
         for created, level, details in pending:
             try:
-                if self.json:
-                    yield self._json_line(created, level, *self._describe(details, True))
+                if self._line_format is not None:
+                    yield self._batch_lines([(created, level, details)])
                 else:
-                    yield self._text_lines([(created, level, details)])
+                    yield self._json_line(created, level, *self._describe(details, True))
             except Exception:  # noqa: BLE001 - a line that cannot be made must not cost the others
                 logging.getLogger(__name__).exception("an access line could not be made")
 

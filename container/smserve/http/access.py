@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from json.encoder import encode_basestring_ascii
 
 from smserve import logs, metrics
 from smserve.core import session_ids
@@ -144,6 +145,23 @@ def message_args(details: tuple) -> tuple:
             "" if session is None else " session=" + _token(session))
 
 
+# The JSON form after its head (`{"time": ..., "pid": N, "message": `): the message, then
+# the fields in describe's order, as JsonFormatter writes them: JSON_FORMAT % json_args.
+JSON_FORMAT = '%s, %s, "status": %d, "bytes": %d, "latency_ms": %r, "remote": %s, "worker": %d%s}'
+
+
+def json_args(details: tuple) -> tuple:
+    remote, method, path, status, sent, seconds, route, inference_id, request_id, session = details
+    key = (method, path, route, remote)
+    request, peer_json = _json_parts.get(key) or _json_part(key)
+    ids = ""
+    if inference_id is not None or request_id is not None or session is not None:
+        ids = "".join(f', "{name}": {encode_basestring_ascii(value)}' for name, value in (
+            ("inference_id", inference_id), ("request_id", request_id), ("session_id", session)) if value is not None)
+    return (encode_basestring_ascii(MESSAGE_FORMAT % message_args(details)), request, status, sent,
+            int(seconds * 1e6 + 0.5) / 1000, peer_json, _pid[0], ids)
+
+
 def describe(details: tuple, with_fields: bool) -> tuple[str, dict | None]:
     """A request's access line from its _details: its text message, and its fields for
     the JSON form."""
@@ -180,6 +198,20 @@ _request_parts: dict[tuple[str, str, str], str] = {}
 _REQUEST_PARTS_KEPT = 256
 
 
+# The JSON form's `"method": ..., "path": ..., "route": ...` and its remote, by (method,
+# path, route, remote): as _request_parts.
+_json_parts: dict[tuple[str, str, str, str], tuple[str, str]] = {}
+
+
+def _json_part(key: tuple[str, str, str, str]) -> tuple[str, str]:
+    method, path, route, remote = (encode_basestring_ascii(value) for value in key)
+    part = (f'"method": {method}, "path": {path}, "route": {route}', remote)
+    if len(_json_parts) >= _REQUEST_PARTS_KEPT:
+        _json_parts.clear()
+    _json_parts[key] = part
+    return part
+
+
 def _request_part(remote: str, method: str, path: str) -> str:
     """The start of a line, where _request_parts has none for it yet."""
     # (One _quotable for both: JSON escapes character by character, so escaping the two
@@ -205,7 +237,8 @@ def buffer_lines(fmt: str) -> None:
 
 def access_lines(fmt: str, fd: int, schedule) -> logs.AccessLines:
     """The buffer a worker writes its access lines through (fmt: text or json)."""
-    return logs.AccessLines(fmt, fd, schedule, describe, (MESSAGE_FORMAT, message_args))
+    return logs.AccessLines(fmt, fd, schedule, describe,
+                            (JSON_FORMAT, json_args) if fmt == "json" else (MESSAGE_FORMAT, message_args))
 
 
 def flush() -> None:
