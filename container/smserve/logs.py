@@ -121,13 +121,13 @@ class AccessLines:
         pending, self._pending = self._pending, []
         if not pending:
             return
+        text = None
         if self._line_format is not None:
             try:
-                self._write_lines(self._batch_lines(pending))
-                return
+                text = self._batch_lines(pending)
             except Exception:  # noqa: BLE001 - one line that cannot be made: the others are, one by one
                 pass
-        self._write_lines("".join(self._each_line(pending)))
+        self._write_lines("".join(self._each_line(pending)) if text is None else text)
 
     def _batch_lines(self, pending: list[tuple]) -> str:
         args: list = []
@@ -186,7 +186,7 @@ class AccessLines:
     def _write_lines(self, text: str) -> None:
         """Whole lines, at most ACCESS_BUFFER_BYTES a write (a pipe takes that much in one
         piece, never mixed with another process's write); a longer line alone."""
-        data = text.encode()
+        data = text.encode("utf-8", "backslashreplace")  # (a lone surrogate cannot cost the lines)
         view = memoryview(data)
         start, size = 0, len(data)
         while start < size:

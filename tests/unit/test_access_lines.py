@@ -244,3 +244,12 @@ def test_on_the_worker_loop_each_line_waits_for_the_timer_not_only_the_first(pip
         while not (written := drain(read)) and time.monotonic() < deadline:
             gevent.sleep(0.02)
         assert written.endswith(f"line {i}\n".encode())
+
+
+def test_a_line_utf8_cannot_carry_is_written_escaped_with_the_others(pipe):
+    read, write = pipe
+    lines = access_lines("text", write, Scheduled())
+    lines.add(logging.INFO, ("lone \udc80 surrogate", None))
+    lines.add(logging.INFO, ("after", None))
+    lines.flush()
+    assert [line.split(": ", 1)[1] for line in drain(read).decode().splitlines()] == ["lone \\udc80 surrogate", "after"]
