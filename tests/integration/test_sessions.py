@@ -185,18 +185,31 @@ def test_an_opening_request_that_fails_leaves_no_session(server, ended_log):
 
 
 def sessions_on_both_workers(url: str, count: int, token: str) -> dict[int, str]:
-    """count sessions, half held by each worker (which worker accepts a new connection is
-    the kernel's choice: sessions are opened until each has its half); token-i is the
-    custom attribute session i opened with."""
-    held: dict[int, list[str]] = {0: [], 1: []}
+    """count sessions, half held by each worker; token-i is the custom attribute session
+    i opened with. Which worker accepts a new connection is the kernel's choice, and one
+    after another they can all go to the worker that answered the last (its loop is
+    awake): sessions are opened four at a time until each worker has its half, and one
+    opened on a worker that has its half already is closed at once, so that such a run
+    cannot fill that worker to SMSERVE_MAX_SESSIONS."""
+    held: dict[int, list[tuple[int, str]]] = {0: [], 1: []}
     i = 0
-    while min(len(ids) for ids in held.values()) < count // 2:
-        assert i < 50 * count, f"one worker opened every session: {held}"
-        answer = invoke(url, "NEW_SESSION", 0, attributes=f"{token}-{i}")
-        sid = answer.headers[NEW_ID].split(";")[0]
-        held[int(sid.split("-")[0])].append((i, sid))
-        i += 1
-    return dict(held[0][: count // 2] + held[1][: count // 2])
+
+    def opened(k: int) -> tuple[int, str]:
+        answer = invoke(url, "NEW_SESSION", 0, attributes=f"{token}-{k}")
+        assert answer.status_code == 200, answer.text
+        return k, answer.headers[NEW_ID].split(";")[0]
+
+    with ThreadPoolExecutor(4) as pool:
+        while min(len(ids) for ids in held.values()) < count // 2:
+            assert i < 50 * count, f"one worker opened every session: {held}"
+            for k, sid in pool.map(opened, range(i, i + 4)):
+                worker = held[int(sid.split("-")[0])]
+                if len(worker) < count // 2:
+                    worker.append((k, sid))
+                else:
+                    assert invoke(url, sid, 1, close=True).status_code == 200
+            i += 4
+    return dict(held[0] + held[1])
 
 
 def test_sixteen_sessions_on_two_workers_never_see_each_others_state(server):
