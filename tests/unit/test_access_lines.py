@@ -134,6 +134,8 @@ ENVIRONS = [
     {"REQUEST_METHOD": "GET", "PATH_INFO": '/caf\u00e9/"q"\\ 200 0', "REMOTE_ADDR": "10.0.0.2",
      "HTTP_X_REQUEST_ID": 'a b" 200 0'},
     {"REQUEST_METHOD": "POST", "PATH_INFO": "/models/m/invoke", "HTTP_X_AMZN_TRACE_ID": "Root=1-2-3"},
+    {"REQUEST_METHOD": "PUT", "PATH_INFO": "/t\tab\x7f", "REMOTE_ADDR": "10.0.0.3",
+     "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID": "del\x7f\\", access.SESSION_KEY: 'ses "q"'},
 ]
 
 

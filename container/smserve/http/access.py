@@ -145,21 +145,30 @@ def message_args(details: tuple) -> tuple:
             "" if session is None else " session=" + _token(session))
 
 
-# The JSON form after its head (`{"time": ..., "pid": N, "message": `): the message, then
-# the fields in describe's order, as JsonFormatter writes them: JSON_FORMAT % json_args.
-JSON_FORMAT = '%s, %s, "status": %d, "bytes": %d, "latency_ms": %r, "remote": %s, "worker": %d%s}'
+# The JSON form after its head (`{"time": ..., "pid": N, "message": `): the message (as
+# MESSAGE_FORMAT writes it, inside JSON's quotes), then the fields in describe's order,
+# as JsonFormatter writes them: JSON_FORMAT % json_args(details).
+JSON_FORMAT = ('"%s%d %d %.1fms id=%s%s", %s, "status": %d, "bytes": %d, "latency_ms": %r, "remote": %s, '
+               '"worker": %d%s}')
 
 
 def json_args(details: tuple) -> tuple:
     remote, method, path, status, sent, seconds, route, inference_id, request_id, session = details
     key = (method, path, route, remote)
-    request, peer_json = _json_parts.get(key) or _json_part(key)
+    message_part, request, peer_json = _json_parts.get(key) or _json_part(key)
     ids = ""
     if inference_id is not None or request_id is not None or session is not None:
         ids = "".join(f', "{name}": {encode_basestring_ascii(value)}' for name, value in (
             ("inference_id", inference_id), ("request_id", request_id), ("session_id", session)) if value is not None)
-    return (encode_basestring_ascii(MESSAGE_FORMAT % message_args(details)), request, status, sent,
-            int(seconds * 1e6 + 0.5) / 1000, peer_json, _pid[0], ids)
+    return (message_part, status, sent, seconds * 1000.0,
+            "-" if inference_id is None else _json_inner(_token(inference_id)),
+            "" if session is None else _json_inner(" session=" + _token(session)),
+            request, status, sent, int(seconds * 1e6 + 0.5) / 1000, peer_json, _pid[0], ids)
+
+
+def _json_inner(text: str) -> str:
+    """text as it reads inside a JSON string's quotes."""
+    return text if _plain(text) else encode_basestring_ascii(text)[1:-1]
 
 
 def describe(details: tuple, with_fields: bool) -> tuple[str, dict | None]:
@@ -200,12 +209,16 @@ _REQUEST_PARTS_KEPT = 256
 
 # The JSON form's `"method": ..., "path": ..., "route": ...` and its remote, by (method,
 # path, route, remote): as _request_parts.
-_json_parts: dict[tuple[str, str, str, str], tuple[str, str]] = {}
+_json_parts: dict[tuple[str, str, str, str], tuple[str, str, str]] = {}
 
 
-def _json_part(key: tuple[str, str, str, str]) -> tuple[str, str]:
-    method, path, route, remote = (encode_basestring_ascii(value) for value in key)
-    part = (f'"method": {method}, "path": {path}, "route": {route}', remote)
+def _json_part(key: tuple[str, str, str, str]) -> tuple[str, str, str]:
+    """The message's start inside JSON's quotes, `"method": ..., "path": ..., "route": ...`
+    and the remote as JSON, for (method, path, route, remote)."""
+    method, path, route, remote = key
+    part = (_json_inner(_request_parts.get((remote, method, path)) or _request_part(remote, method, path)),
+            f'"method": {encode_basestring_ascii(method)}, "path": {encode_basestring_ascii(path)}, '
+            f'"route": {encode_basestring_ascii(route)}', encode_basestring_ascii(remote))
     if len(_json_parts) >= _REQUEST_PARTS_KEPT:
         _json_parts.clear()
     _json_parts[key] = part
