@@ -3,7 +3,7 @@ handler and PyTriton.
 
     .venv/bin/python bench/bench_peers.py [--scenario protocols|compute|cores] [--seconds 8]
         [--rounds 2] [--pin] [--tuned] [--protocols npy,json,v2] [--no-flask] [--no-triton]
-        [--pytriton-python /tmp/pytriton_venv/bin/python] [--baseline GIT-REF]
+        [--pytriton-python /tmp/pytriton_venv/bin/python] [--baseline GIT-REF] [--log-format text|json]
 
 Scenarios (each prints one table):
   protocols (default)  the rows below, at batch 1 and 256, concurrency 16;
@@ -42,7 +42,8 @@ and serves it, all at once, from (the peers are the files in bench/peers/)
 Our server runs at its defaults, as a user starts it (no SMSERVE_LOG_LEVEL: info, an access
 line per request); --tuned also serves it at the tuned settings (TUNED: SMSERVE_LOG_LEVEL=
 warning, no access line), interleaved with the rest, and adds a "vs tuned" column, so the
-table prints both and what the access line costs. Each server runs one worker with one
+table prints both and what the access line costs (--log-format json: every one of ours
+writes JSON lines, so it is what the JSON line costs). Each server runs one worker with one
 torch thread. Every case is answered once before
 the load and its answer compared with the model's own (a wrong answer is printed, not
 hidden). Then `hey` (apt-get install hey) drives each case at concurrency 16 for
@@ -342,14 +343,15 @@ def protocols_scenario(args, work: Path) -> None:
     concurrency = args.concurrency or 16
     protocols = [PROTOCOLS[p] for p in args.protocols.split(",")]
     baselines = {"ceiling": ("ceiling", "npy"), "flask": ("flask", "npy"), "triton": ("pytriton", "v2 binary")}
+    log_format = {"SMSERVE_LOG_FORMAT": args.log_format}
     with Bench(args, work, model_dir) as bench:
-        bench.ours("ours", protocols, x, core=core)
+        bench.ours("ours", protocols, x, core=core, env=log_format)
         if args.tuned:
-            bench.ours("ours, tuned", protocols, x, core=core, env=TUNED)
+            bench.ours("ours, tuned", protocols, x, core=core, env={**TUNED, **log_format})
             baselines = {"tuned": ("ours, tuned", None), **baselines}
         if args.baseline:
             label = f"ours@{args.baseline}"
-            bench.ours(label, protocols, x, core=core, serve=checkout(args.baseline, work))
+            bench.ours(label, protocols, x, core=core, env=log_format, serve=checkout(args.baseline, work))
             baselines = {args.baseline[:10]: (label, None), **baselines}
         bench.ceiling("ceiling", x, core=core)
         bench.flask("flask", x, core=core)
@@ -359,6 +361,7 @@ def protocols_scenario(args, work: Path) -> None:
            f"MLP {IN_DIM}->{HIDDEN}->{OUT_DIM} TorchScript, one worker and one torch thread per server; hey -c "
            f"{concurrency}, {args.seconds:g}s x {args.rounds} interleaved rounds per case; "
            f"{'servers pinned to core 0, hey to core 1' if args.pin else 'unpinned'}; ours at its defaults"
+           + (f" but SMSERVE_LOG_FORMAT={args.log_format}" if args.log_format != "text" else "")
            + (f", 'tuned' with {TUNED}" if args.tuned else ""),
            bench.notes, baselines, PING_PERIOD_S)
 
@@ -436,6 +439,9 @@ def main() -> None:
     parser.add_argument("--tuned", action="store_true",
                         help=f"protocols scenario: also serve ours with {TUNED} (no access line) beside its "
                              "defaults, and add a 'vs tuned' column")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="protocols scenario: our servers' SMSERVE_LOG_FORMAT (every one of them: with --tuned, "
+                             "'vs tuned' is then what the JSON access line costs)")
     parser.add_argument("--protocols", default="npy,json,v2",
                         help="protocols scenario: our rows' protocols, comma-separated from npy, json, v2")
     parser.add_argument("--no-flask", action="store_true", help="skip the bare Flask peer")
@@ -445,8 +451,8 @@ def main() -> None:
     if (args.pin or args.scenario == "cores") and (shutil.which("taskset") is None
                                                    or len(os.sched_getaffinity(0)) < 2):
         sys.exit("pinning needs taskset and two usable cores")
-    if (args.baseline or args.tuned) and args.scenario != "protocols":
-        sys.exit("--baseline and --tuned are for --scenario protocols")
+    if (args.baseline or args.tuned or args.log_format != "text") and args.scenario != "protocols":
+        sys.exit("--baseline, --tuned and --log-format are for --scenario protocols")
     if not set(args.protocols.split(",")) <= set(PROTOCOLS):
         sys.exit(f"--protocols: a comma-separated list of {', '.join(PROTOCOLS)}")
     if args.pin and args.scenario == "cores":
