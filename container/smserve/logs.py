@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import select
 import time
@@ -75,26 +74,21 @@ class AccessLines:
     or JsonFormatter, byte for byte), gathered and written whole lines at a time.
 
     A request hands over only its details; its line is made at flush, with the others
-    waiting. `describe(details, with_fields)` makes a line's message and (for JSON) its
-    fields. `message`, (format, args), makes what follows a line's head (its time, level
+    waiting. `message`, (format, args), makes what follows a line's head (its time, level
     and logger) as `format % args(details)`: the text message, or for JSON the message
-    and the fields and the closing brace. Then the waiting lines are made in one
-    %-format, a third of what making each costs (without it, from describe's).
+    and the fields and the closing brace; the waiting lines are then made in one
+    %-format, a third of what making each costs.
 
     Not thread-safe: one thread (the worker's event loop) adds lines. `schedule(fn)`
     runs fn once, ACCESS_FLUSH_S later, on that thread; flush() must also run at exit."""
 
-    def __init__(self, fmt: str, fd: int, schedule, describe, message: tuple | None = None):
+    def __init__(self, fmt: str, fd: int, schedule, message: tuple):
         self.json = fmt == "json"
         self.fd = fd
         self._schedule = schedule
-        self._describe = describe
-        if message is None and not self.json:
-            message = ("%s", lambda details: (describe(details, False)[0],))
-        # The time, its milliseconds, the middle, then what message makes; None: JSON
-        # lines made from describe's fields, one at a time.
-        self._line_format = None if message is None else "%s%s%s" + message[0] + "\n"
-        self._message_args = None if message is None else message[1]
+        # The time, its milliseconds, the middle, then what message makes.
+        self._line_format = "%s%s%s" + message[0] + "\n"
+        self._message_args = message[1]
         self._pid = os.getpid()
         self._pending: list[tuple] = []
         self._scheduled = False
@@ -102,7 +96,6 @@ class AccessLines:
         self._stamp = ""  # the time down to the second, made once a second
         # What a line says between its time and its message, by level: made once.
         self._middles: dict[int, str] = {}
-        self._json_keys: dict[str, str] = {}  # a field's name as JSON writes it, with its separators
 
     def add(self, level: int, details: tuple) -> None:
         """level: logging's (INFO, DEBUG)."""
@@ -121,13 +114,11 @@ class AccessLines:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        text = None
-        if self._line_format is not None:
-            try:
-                text = self._batch_lines(pending)
-            except Exception:  # noqa: BLE001 - one line that cannot be made: the others are, one by one
-                pass
-        self._write_lines("".join(self._each_line(pending)) if text is None else text)
+        try:
+            text = self._batch_lines(pending)
+        except Exception:  # noqa: BLE001 - one line that cannot be made: the others are, one by one
+            text = "".join(self._each_line(pending))
+        self._write_lines(text)
 
     def _batch_lines(self, pending: list[tuple]) -> str:
         args: list = []
@@ -145,10 +136,7 @@ class AccessLines:
     def _each_line(self, pending: list[tuple]):
         for created, level, details in pending:
             try:
-                if self._line_format is not None:
-                    yield self._batch_lines([(created, level, details)])
-                else:
-                    yield self._json_line(created, level, *self._describe(details, True))
+                yield self._batch_lines([(created, level, details)])
             except Exception:  # noqa: BLE001 - a line that cannot be made must not cost the others
                 logging.getLogger(__name__).exception("an access line could not be made")
 
@@ -163,25 +151,6 @@ class AccessLines:
             f'Z", "level": {encode_basestring_ascii(name)}, "logger": "{ACCESS_LOGGER}", "pid": {self._pid}, '
             '"message": ' if self.json else f" [{self._pid}] {name} {ACCESS_LOGGER}: ")
         return middle
-
-    def _json_line(self, created: float, level: int, message: str, fields: dict) -> str:
-        second = int(created)
-        if second != self._second:
-            self._new_second(second)
-        parts = [self._stamp, _MILLIS[int((created - second) * 1000)], self._middles.get(level) or self._middle(level),
-                 encode_basestring_ascii(message)]
-        keys = self._json_keys
-        for key, value in fields.items():
-            name = keys.get(key)
-            if name is None:
-                if len(keys) >= 64:
-                    keys.clear()
-                name = keys[key] = ", " + encode_basestring_ascii(key) + ": "
-            kind = type(value)
-            parts += (name, encode_basestring_ascii(value) if kind is str else repr(value) if kind is int
-                      else _json_value(value))
-        parts.append("}\n")
-        return "".join(parts)
 
     def _write_lines(self, text: str) -> None:
         """Whole lines, at most ACCESS_BUFFER_BYTES a write (a pipe takes that much in one
@@ -238,14 +207,3 @@ def flush_access_lines() -> None:
     """Writes the access lines the worker holds (nothing outside a worker)."""
     for lines in _exiting_flushes:
         lines.flush()
-
-
-def _json_value(value) -> str:
-    """A value as json.dumps writes it (its default separators, ASCII), without the
-    encoder's set-up, which costs more than the few values of an access line."""
-    kind = type(value)
-    if kind is str:
-        return encode_basestring_ascii(value)
-    if kind is int or (kind is float and math.isfinite(value)):
-        return repr(value)
-    return json.dumps(value)

@@ -21,14 +21,17 @@ FIELDS = {"method": "POST", "path": "/caf\u00e9/\"q\"\\", "route": "/invocations
 MESSAGE = '10.0.0.1 "POST /invocations" 200 419 14.5ms id="a b\\" 200 0"'
 
 
-def given(details: tuple, with_fields: bool):
-    """A describe() for AccessLines that says what it was given: details are (message, fields)."""
+def given(details: tuple) -> tuple:
+    """AccessLines' message args that write what they were given: details are (message,
+    fields), and a JSON line's tail is made as json.dumps writes it."""
     message, fields = details
-    return message, fields if with_fields else None
+    if fields is None:
+        return (message,)
+    return (json.dumps(message) + "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in fields.items()) + "}",)
 
 
 def access_lines(fmt: str, fd: int, schedule) -> logs.AccessLines:
-    return logs.AccessLines(fmt, fd, schedule, given)
+    return logs.AccessLines(fmt, fd, schedule, ("%s", given))
 
 
 class Scheduled:
@@ -77,7 +80,7 @@ def test_the_line_is_the_logging_handlers_byte_for_byte(monkeypatch, pipe, fmt, 
     created = 1764841403.416
     monkeypatch.setattr(logs.time, "time", lambda: created)
     lines = access_lines(fmt, write, Scheduled())
-    lines.add(logging.getLevelName(levelname), (MESSAGE, FIELDS))
+    lines.add(logging.getLevelName(levelname), (MESSAGE, FIELDS if fmt == "json" else None))
     lines.flush()
     assert drain(read).decode() == as_logging_writes(fmt, levelname, created, MESSAGE, FIELDS)
 
@@ -201,7 +204,7 @@ def test_a_waiting_line_keeps_nothing_of_its_request_alive(monkeypatch, caplog, 
     it ran every ~70 requests, and not at all at warning.)"""
     read, write = pipe
     caplog.set_level(logging.INFO, logger=logs.ACCESS_LOGGER)
-    lines = logs.AccessLines("json", write, Scheduled(), access.describe)
+    lines = access.access_lines("json", write, Scheduled())
     monkeypatch.setattr(access, "_lines", lines)
     body = Held()
     environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/mine", "REMOTE_ADDR": "10.0.0.1", "wsgi.input": body,

@@ -250,7 +250,7 @@ def buffer_lines(fmt: str) -> None:
 
 def access_lines(fmt: str, fd: int, schedule) -> logs.AccessLines:
     """The buffer a worker writes its access lines through (fmt: text or json)."""
-    return logs.AccessLines(fmt, fd, schedule, describe,
+    return logs.AccessLines(fmt, fd, schedule,
                             (JSON_FORMAT, json_args) if fmt == "json" else (MESSAGE_FORMAT, message_args))
 
 
