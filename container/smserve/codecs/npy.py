@@ -17,6 +17,7 @@ import struct
 
 import numpy as np
 
+from smserve import memo
 from smserve.codecs.limits import MAX_DIMS
 from smserve.errors import BadRequest
 
@@ -56,9 +57,7 @@ def read(body: bytes) -> np.ndarray:
     if known is None:
         known = _checked_header(body)
         if key is not None:
-            if len(_parsed) >= HEADERS_KEPT:
-                _parsed.clear()
-            _parsed[key] = known
+            memo.keep(_parsed, key, known, HEADERS_KEPT)
     shape, fortran_order, dtype, offset, count = known
     data = len(body) - offset
     if count * dtype.itemsize != data:
@@ -148,9 +147,7 @@ def header(array: np.ndarray) -> bytes:
     key = (array.dtype, array.shape)
     made = _written.get(key)
     if made is None:
-        if len(_written) >= HEADERS_KEPT:
-            _written.clear()
-        made = _written[key] = _make_header(array)
+        made = memo.keep(_written, key, _make_header(array), HEADERS_KEPT)
     return made
 
 

@@ -19,7 +19,7 @@ import sys
 import time
 from json.encoder import encode_basestring_ascii
 
-from smserve import logs, metrics
+from smserve import logs, memo, metrics
 from smserve.core import session_ids
 
 log = logging.getLogger(logs.ACCESS_LOGGER)
@@ -216,24 +216,18 @@ def _json_part(key: tuple[str, str, str, str]) -> tuple[str, str, str]:
     """The message's start inside JSON's quotes, `"method": ..., "path": ..., "route": ...`
     and the remote as JSON, for (method, path, route, remote)."""
     method, path, route, remote = key
-    part = (_json_inner(_request_parts.get((remote, method, path)) or _request_part(remote, method, path)),
-            f'"method": {encode_basestring_ascii(method)}, "path": {encode_basestring_ascii(path)}, '
-            f'"route": {encode_basestring_ascii(route)}', encode_basestring_ascii(remote))
-    if len(_json_parts) >= _REQUEST_PARTS_KEPT:
-        _json_parts.clear()
-    _json_parts[key] = part
-    return part
+    return memo.keep(_json_parts, key, (
+        _json_inner(_request_parts.get((remote, method, path)) or _request_part(remote, method, path)),
+        f'"method": {encode_basestring_ascii(method)}, "path": {encode_basestring_ascii(path)}, '
+        f'"route": {encode_basestring_ascii(route)}', encode_basestring_ascii(remote)), _REQUEST_PARTS_KEPT)
 
 
 def _request_part(remote: str, method: str, path: str) -> str:
     """The start of a line, where _request_parts has none for it yet."""
     # (One _quotable for both: JSON escapes character by character, so escaping the two
     # joined is escaping each.)
-    part = '%s "%s" ' % (remote, _quotable(method + " " + path))
-    if len(_request_parts) >= _REQUEST_PARTS_KEPT:
-        _request_parts.clear()
-    _request_parts[(remote, method, path)] = part
-    return part
+    return memo.keep(_request_parts, (remote, method, path), '%s "%s" ' % (remote, _quotable(method + " " + path)),
+                     _REQUEST_PARTS_KEPT)
 
 
 def buffer_lines(fmt: str) -> None:

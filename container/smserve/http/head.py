@@ -19,6 +19,8 @@ import re
 from gunicorn.http.message import Request
 from gunicorn.http.parser import RequestParser
 
+from smserve import memo
+
 # The methods a model server is asked with; any other goes to gunicorn's parser.
 _METHODS = rb"GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH"
 # origin-form only: "/" then visible ASCII, no '#' (a fragment) and not "//" (which
@@ -92,9 +94,7 @@ class PlainHeadRequest(Request):
         host = self.peer_addr[0]
         trusted = peers.get(host)
         if trusted is None:
-            if len(peers) >= TRUSTED_PEERS_MAX:
-                peers.clear()
-            trusted = peers[host] = self._peer_is_trusted_proxy()
+            trusted = memo.keep(peers, host, self._peer_is_trusted_proxy(), TRUSTED_PEERS_MAX)
         return (self.cfg.secure_scheme_headers, self.cfg.forwarder_headers) if trusted else ({}, [])
 
 

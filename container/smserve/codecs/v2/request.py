@@ -13,6 +13,7 @@ import math
 import numpy as np
 import orjson
 
+from smserve import memo
 from smserve.codecs.limits import MAX_DIMS, MAX_JSON_DEPTH
 from smserve.codecs.v2.header import HEADER_LENGTH_HEADER, SAGEMAKER_BINARY_CONTENT_TYPE
 from smserve.codecs.v2.tensors import dims_text, element_count, from_binary, json_input
@@ -56,9 +57,7 @@ def decode_request(
                        metadata)
     request = decoder.request()
     if key is not None and decoder.binary is not None:
-        if len(_plans) >= PLANS_KEPT:
-            _plans.clear()
-        _plans[key] = _Plan(metadata, decoder.binary, length, request)
+        memo.keep(_plans, key, _Plan(metadata, decoder.binary, length, request), PLANS_KEPT)
     return request
 
 
