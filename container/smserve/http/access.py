@@ -163,7 +163,12 @@ def json_args(details: tuple) -> tuple:
     return (message_part, status, sent, seconds * 1000.0,
             "-" if inference_id is None else _json_inner(_token(inference_id)),
             "" if session is None else _json_inner(" session=" + _token(session)),
-            request, status, sent, int(seconds * 1e6 + 0.5) / 1000, peer_json, _pid[0], ids)
+            request, status, sent, _latency_ms(seconds), peer_json, _pid[0], ids)
+
+
+def _latency_ms(seconds: float) -> float:
+    """The JSON form's latency_ms: to the microsecond (round() costs 4x this)."""
+    return int(seconds * 1e6 + 0.5) / 1000
 
 
 def _json_inner(text: str) -> str:
@@ -184,7 +189,7 @@ def describe(details: tuple, with_fields: bool) -> tuple[str, dict | None]:
         "route": route,
         "status": status,
         "bytes": sent,
-        "latency_ms": int(seconds * 1e6 + 0.5) / 1000,  # to the microsecond (round() costs 4x)
+        "latency_ms": _latency_ms(seconds),
         "remote": remote,
         "worker": _pid[0],
     }
