@@ -148,8 +148,8 @@ def message_args(details: tuple) -> tuple:
 # The JSON form after its head (`{"time": ..., "pid": N, "message": `): the message (as
 # MESSAGE_FORMAT writes it, inside JSON's quotes), then the fields in describe's order,
 # as JsonFormatter writes them: JSON_FORMAT % json_args(details).
-JSON_FORMAT = ('"%s%d %d %.1fms id=%s%s", %s, "status": %d, "bytes": %d, "latency_ms": %r, "remote": %s, '
-               '"worker": %d%s}')
+# (MESSAGE_FORMAT has nothing JSON escapes: its arguments are escaped instead.)
+JSON_FORMAT = f'"{MESSAGE_FORMAT}", %s, "status": %d, "bytes": %d, "latency_ms": %r, "remote": %s, "worker": %d%s}}'
 
 
 def json_args(details: tuple) -> tuple:
