@@ -33,7 +33,7 @@ UV_VERSION := 0.13.9
 
 .PHONY: help install lock model model-textgen model-image new-model serve test test-fast batch-example mme-local bench clean
 
-help: ## This list (variables: README "Make targets and variables")
+help: ## This list (variables: docs/reference.md "Make targets and variables")
 	@awk -F':[^#]*## ' '/^[a-zA-Z][a-zA-Z0-9_-]*:[^=].*## /{printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 install: $(STAMP) ## The .venv from the lock (TORCH_VARIANT=cpu|cuda; VENV=path)
@@ -104,7 +104,7 @@ test: install model model-textgen ## Every test: unit, integration, deploy (moto
 test-fast: install model model-textgen ## Every test but the image's (tests/container): the inner loop
 	$(call run_tests,--ignore=tests/container)
 
-batch-example: install model ## The README's local batch transform: build/batch-example/in -> out
+batch-example: install model ## A local batch transform of the example: build/batch-example/in -> out
 	$(PY) -m local_test.batch_example
 
 # SageMaker's part of a multi-model endpoint against a server already running in that mode
@@ -176,7 +176,7 @@ endif
 		$(if $(TORCH_WHEEL_DIR),--build-arg TORCH_FIND_LINKS=$(TORCH_WHEEL_PATH) --volume $(TORCH_WHEEL_PATH):$(TORCH_WHEEL_PATH):ro) \
 		--build-arg TORCH_VERSION=$(if $(TORCH_WHEEL_DIR),$(TORCH_WHEEL_VERSION),$(TORCH_VERSION)) \
 		$(BUILD_ARGS) . \
-	|| { status=$$?; echo "make build: the build failed (above). $(BUILD_HINT) README: Building offline or behind a proxy" >&2; exit $$status; }
+	|| { status=$$?; echo "make build: the build failed (above). $(BUILD_HINT) docs/container.md: Building offline or behind a proxy" >&2; exit $$status; }
 
 ifeq ($(BASE_IMAGE),$(LOCAL_BASE_IMAGE))
 BUILD_HINT = If $(LOCAL_BASE_IMAGE) was not found: 'make base-image' makes it (debootstrap, root, a Debian mirror).
@@ -199,7 +199,7 @@ stop: ## SIGTERM the container `make run` started; requests in flight finish
 base-image: ## A local Debian + Python 3.11 base image, for machines without a registry
 	CONTAINER_ENGINE=$(CONTAINER_ENGINE) scripts/make_base_image.sh $(LOCAL_BASE_IMAGE)
 
-# ---- SageMaker deployment (python -m deploy; see README "Deploying to SageMaker") ----
+# ---- SageMaker deployment (python -m deploy; see docs/deploy.md) ----
 # Needs AWS credentials and a region in the environment, and an execution role:
 #   make push deploy ROLE=arn:aws:iam::123456789012:role/SageMakerExecution
 # Each step is idempotent: rerunning one changes nothing that is already in place.
