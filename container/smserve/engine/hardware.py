@@ -18,8 +18,7 @@ GIB = 1 << 30
 # device, never more than this (each splits the device's dynamic batches further).
 MAX_AUTO_WORKERS_PER_GPU = 4
 CORES_PER_WORKER = 2
-# What one worker's CUDA context and allocator take before the model (measured 0.3-0.6
-# GiB on recent drivers), and how many times its weights' size a worker may come to
+# What one worker's CUDA context and allocator take before the model, and how many times its weights' size a worker may come to
 # hold (weights, activations of a full batch, the caching allocator's slack).
 CUDA_CONTEXT_BYTES = GIB // 2
 MODEL_FOOTPRINT_FACTOR = 3
@@ -95,7 +94,7 @@ def plan_workers(gpus: int, cores: int, gpu_memory: int | None, weights: int,
         return WorkerPlan(gpus * per_gpu, f"{per_gpu} per GPU (SMSERVE_WORKERS_PER_GPU) x {gpus} GPUs")
     # A worker keeps two threads busy (its event loop, and the inference thread that
     # launches the GPU's work): two cores each. More workers than that only trade places
-    # on the cores (measured: 2 workers sharing 2 cores with the client served 0.88x one).
+    # on the cores.
     by_cores = max(1, cores // (CORES_PER_WORKER * gpus))
     if gpu_memory is None:
         return WorkerPlan(gpus, f"one per GPU x {gpus} GPUs (GPU memory unknown: nvidia-smi did not answer)")

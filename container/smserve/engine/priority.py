@@ -15,13 +15,8 @@ from gevent import get_hub
 
 log = logging.getLogger(__name__)
 
-# The inference thread's nice value, above the event loop's. The loop's work per request
-# is short and /ping waits behind it; on a core that forward passes keep busy, equal
-# priorities made the loop take turns with the model. With the loop's CPU first (nice
-# 10: its share when both want the core goes from 1/2 to about 9/10), the compute-bound
-# MLP on one core at -c 64 went from /ping p50/p99 14/55-63 ms and 639-651 req/s to
-# 4/36-37 ms and 735-744 req/s: the batcher, fed sooner, also runs fuller passes. The
-# model still gets every cycle the loop leaves, under a compute-bound load nearly all.
+# The inference thread's nice value, above the event loop's: the loop's short per-request
+# work (and /ping) comes first, the model gets every cycle the loop leaves.
 INFERENCE_NICE = 10
 
 
