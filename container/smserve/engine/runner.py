@@ -366,7 +366,8 @@ class Runner:
     def _next_batch(self, first: _Pending) -> list[_Pending]:
         batch, rows, signature = [first], first.rows, first.signature
         deadline = time.monotonic() + self.max_delay_s
-        while rows < self.max_batch_size:
+        # (A trial that ended meanwhile: the requests it left in the queue run alone too.)
+        while rows < self.max_batch_size and not (self.trial and self.unsplittable):
             remaining = deadline - time.monotonic()
             try:
                 item = self._take(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
