@@ -38,6 +38,8 @@ def test_the_containers_batch_size_turns_batching_on_for_a_script_without_metada
     ({}, {}, "no metadata.json declares a batch dimension"),
     ({"SAGEMAKER_TS_BATCH_SIZE": "1"}, {}, "does not ask for more than one record"),
     (DLC, {"transform_fn": lambda model, body, content_type, accept: b""}, "transform_fn reads one body"),
+    ({}, {"transform_fn": lambda model, body, content_type, accept: b""}, "transform_fn reads one body"),
+    ({}, {"predict_fn": lambda data, model, context: data}, "predict_fn takes the request's context"),
     (DLC, {"predict_fn": lambda data, model, context: data}, "predict_fn takes the request's context"),
     (DLC, {"predict_fn": lambda data, model: (yield data)}, "predict_fn streams"),
 ])

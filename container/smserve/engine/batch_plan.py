@@ -46,10 +46,6 @@ def plan(settings, metadata, hooks, declared: bool) -> Plan:
     if declared or metadata.max_batch_size > 0:
         max_batch = 0 if metadata.max_batch_size == 0 else settings.max_batch_size or metadata.max_batch_size
         return Plan(max_batch, False, _declared_note(hooks, max_batch, declared))
-    asked = settings.max_batch_size or 0
-    if asked <= 1:
-        return _off(f"no {METADATA_FILE} declares a batch dimension, and {SETTINGS} does not ask for more than one "
-                    "record a pass; set it (8, say) to batch this model's requests, or write metadata.json")
     if metadata.platform == "pytorch_torchexport":
         return _off("model.pt2's graph fixes dimension 0 (it was exported with a static batch): requests of "
                     "other sizes cannot share a pass")
@@ -61,6 +57,10 @@ def plan(settings, metadata, hooks, declared: bool) -> Plan:
         return _off("predict_fn takes the request's context, and a pass of several requests is no one request's "
                     "(AWS's containers call it once per request); read the context in input_fn or output_fn to "
                     "batch this script")
+    asked = settings.max_batch_size or 0
+    if asked <= 1:
+        return _off(f"no {METADATA_FILE} declares a batch dimension, and {SETTINGS} does not ask for more than one "
+                    "record a pass; set it (8, say) to batch this model's requests, or write metadata.json")
     return Plan(asked, True, (
         f"on, on trial: up to {asked} records a pass ({SETTINGS}, with no {METADATA_FILE}): dimension 0 of what "
         f"{'input_fn returns' if hooks.input_fn is not None else 'each request decodes to'} is taken as the batch, "
