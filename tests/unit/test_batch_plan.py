@@ -163,7 +163,7 @@ def test_a_predict_fn_that_cannot_be_batched_turns_batching_off_and_answers_as_a
     assert runner.batched_passes == 1 and runner.passes_run == passes  # alone: outside the batcher
 
 
-def test_decoded_requests_without_hooks_are_checked_too(caplog):
+def test_decoded_requests_without_input_fn_are_checked_too(caplog):
     def predict_fn(data, model):
         return model(data) / model(data).abs().sum()  # normalised over the whole pass
 
