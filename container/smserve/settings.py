@@ -286,13 +286,60 @@ def _device(raw: str) -> str:
     raise ValueError("must be auto, cpu or cuda")
 
 
+# The PyTorch containers take any whole number in these (int() of the text); this server
+# takes each one too, one out of its range clamped, and says so at start (toolkit_notes).
+# variable -> (field, lowest, highest or None, what a value below the lowest becomes:
+# the lowest, or the field's default where the lowest would be a trap: a 1 s deadline).
+_JAVA_INT_MAX = 2**31 - 1  # TorchServe's largest batchSize
+_CLAMPED: dict[str, tuple[str, int, int | None, bool]] = {
+    "SAGEMAKER_TS_BATCH_SIZE": ("max_batch_size", 1, _JAVA_INT_MAX, False),
+    "SAGEMAKER_TS_MAX_BATCH_DELAY": ("max_batch_delay_ms", 0, MAX_BATCH_DELAY_MS, False),
+    "SAGEMAKER_TS_RESPONSE_TIMEOUT": ("timeout", 1, None, True),
+    # TorchServe reads 0 workers as "as many as the machine has": here, the default plan.
+    "SAGEMAKER_MODEL_SERVER_WORKERS": ("workers", 1, None, True),
+    "SAGEMAKER_MODEL_SERVER_TIMEOUT": ("timeout", 1, None, True),
+}
+
+
+def _clamped(variable: str, raw: str):
+    """(the value this server takes for variable's text, why it differs, or None)."""
+    field, low, high, default_below = _CLAMPED[variable]
+    try:
+        number = float(raw)  # a whole number as the containers write it; a decimal is taken too
+    except ValueError:
+        raise ValueError("must be a whole number") from None
+    if number != number:
+        raise ValueError("must be a whole number")
+    default = Settings.__dataclass_fields__[field].default
+    why = None
+    if number < low:
+        number = default if default_below else low
+        why = f"below {low}: taken as " + ("unset (this server's default)" if default_below else str(low))
+    elif high is not None and number > high:
+        number, why = high, f"above {high}: taken as {high}, this server's most"
+    if number is None or isinstance(default, float):
+        return number if number is None else float(number), why
+    if number == float("inf"):
+        raise ValueError("must be a whole number")
+    return int(number), why
+
+
+def _clamp_note(variable: str, raw: str) -> str | None:
+    if variable not in _CLAMPED:
+        return None
+    try:
+        return _clamped(variable, raw)[1]
+    except ValueError:
+        return None  # from_env refuses it, naming the variable
+
+
 PREFIX = "SMSERVE_"
 # field -> (environment variable, parser). The README's settings table lists these.
 _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "port": ("SAGEMAKER_BIND_TO_PORT", _port),
-    "workers": ("SAGEMAKER_MODEL_SERVER_WORKERS", _positive_int),
+    "workers": ("SAGEMAKER_MODEL_SERVER_WORKERS", lambda raw: _clamped("SAGEMAKER_MODEL_SERVER_WORKERS", raw)[0]),
     "workers_per_gpu": (PREFIX + "WORKERS_PER_GPU", _positive_int),
-    "timeout": ("SAGEMAKER_MODEL_SERVER_TIMEOUT", _positive_int),
+    "timeout": ("SAGEMAKER_MODEL_SERVER_TIMEOUT", lambda raw: _clamped("SAGEMAKER_MODEL_SERVER_TIMEOUT", raw)[0]),
     "default_accept": ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", _media_type),
     "model_dir": ("SM_MODEL_DIR", _directory),
     "batch": ("SAGEMAKER_BATCH", _bool),
@@ -333,9 +380,9 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
 _FALLBACKS: dict[str, tuple[str, Callable[[str], object]]] = {
     "log_level": ("SAGEMAKER_CONTAINER_LOG_LEVEL", _log_level),
     # The SageMaker PyTorch containers' (TorchServe's) names for the same settings.
-    "max_batch_size": ("SAGEMAKER_TS_BATCH_SIZE", _positive_int),
-    "max_batch_delay_ms": ("SAGEMAKER_TS_MAX_BATCH_DELAY", _delay_ms),
-    "timeout": ("SAGEMAKER_TS_RESPONSE_TIMEOUT", _positive_int),
+    "max_batch_size": ("SAGEMAKER_TS_BATCH_SIZE", lambda raw: _clamped("SAGEMAKER_TS_BATCH_SIZE", raw)[0]),
+    "max_batch_delay_ms": ("SAGEMAKER_TS_MAX_BATCH_DELAY", lambda raw: _clamped("SAGEMAKER_TS_MAX_BATCH_DELAY", raw)[0]),
+    "timeout": ("SAGEMAKER_TS_RESPONSE_TIMEOUT", lambda raw: _clamped("SAGEMAKER_TS_RESPONSE_TIMEOUT", raw)[0]),
 }
 TOOLKIT_PREFIX = "SAGEMAKER_TS_"
 # The PyTorch containers' settings that have no counterpart here, and what does that work.
@@ -345,23 +392,35 @@ _TOOLKIT_UNUSED = {
     "SAGEMAKER_TS_DEFAULT_WORKERS_PER_MODEL": "SAGEMAKER_MODEL_SERVER_WORKERS",
     "SAGEMAKER_TS_MAX_REQUEST_SIZE": f"{PREFIX}MAX_REQUEST_MB (SAGEMAKER_MAX_PAYLOAD_IN_MB in batch transform)",
     "SAGEMAKER_TS_MAX_RESPONSE_SIZE": "nothing: answers have no size limit",
+    # sagemaker-inference's, for its Java model servers.
+    "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS": "SAGEMAKER_MODEL_SERVER_TIMEOUT (seconds an answer may take)",
+    "SAGEMAKER_MODEL_SERVER_VMARGS": "nothing: this server runs no JVM",
 }
 
 
 def toolkit_notes(env: Mapping[str, str] | None = None) -> list[str]:
     """One start-log line for each SAGEMAKER_TS_* variable set: the setting it became,
-    that ours overrode it, or that nothing reads it and what does its work here."""
+    that ours overrode it, or that nothing reads it and what does its work here; and one
+    for each toolkit value this server takes otherwise than it is written (clamped)."""
     env = os.environ if env is None else env
     notes = []
-    for variable in sorted(v for v in env if v.startswith(TOOLKIT_PREFIX) and env[v].strip()):
+    toolkits = sorted(v for v in env if (v.startswith(TOOLKIT_PREFIX) or v in _TOOLKIT_UNUSED or v in _CLAMPED)
+                      and env[v].strip())
+    for variable in toolkits:
+        raw = env[variable].strip()
         field = next((f for f, (name, _) in _FALLBACKS.items() if name == variable), None)
-        if field is None:
+        if variable in _TOOLKIT_UNUSED or (field is None and variable.startswith(TOOLKIT_PREFIX)):
             instead = _TOOLKIT_UNUSED.get(variable, "see docs/migrating.md for this server's settings")
             notes.append(f"{variable} is not used by this server; instead: {instead}")
             continue
-        ours = _VARIABLES[field][0]
-        if (env.get(ours) or "").strip():
-            notes.append(f"{variable}={env[variable]} is overridden by {ours}={env[ours]} (both are set: {ours} wins)")
+        ours = _VARIABLES[field][0] if field is not None else variable
+        clamp = _clamp_note(variable, raw)
+        if field is None:
+            if clamp:
+                notes.append(f"{variable}={raw}: {clamp}")
+        elif (env.get(ours) or "").strip():
+            notes.append(f"{variable}={raw} is overridden by {ours}={env[ours]} (both are set: {ours} wins)")
         else:
-            notes.append(f"{variable}={env[variable]} sets {ours}'s setting ({field})")
+            notes.append(f"{variable}={raw} sets {ours}'s setting ({field})" + (f": {clamp}" if clamp else ""))
     return notes
+

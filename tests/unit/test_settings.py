@@ -1,6 +1,6 @@
 import pytest
 
-from smserve.settings import MB, Settings, SettingsError
+from smserve.settings import MB, Settings, SettingsError, toolkit_notes
 
 
 def test_defaults():
@@ -33,12 +33,11 @@ def test_batch_mode_defaults_to_a_6_mb_payload_and_long_timeout():
 
 @pytest.mark.parametrize("variable, value", [
     ("SAGEMAKER_MODEL_SERVER_WORKERS", "zero"),
-    ("SAGEMAKER_MODEL_SERVER_WORKERS", "0"),
     ("SAGEMAKER_BIND_TO_PORT", "70000"),
     ("SAGEMAKER_BATCH", "maybe"),
     ("SAGEMAKER_BATCH_STRATEGY", "EVERYTHING"),
     ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "101"),
-    ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "-5"),
+    ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "soon"),
     ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", "image/png"),
     ("SMSERVE_MAX_BATCH_DELAY_MS", "nan"),
     ("SMSERVE_MAX_BATCH_DELAY_MS", "inf"),
@@ -123,3 +122,41 @@ def test_execution_parameters_when_the_job_passes_0(env, expected):
 
     server = ModelServer(Settings.from_env({"SAGEMAKER_BATCH": "true", **env}), workers=2)
     assert server.execution_parameters() == {**expected, "BatchStrategy": "MULTI_RECORD"}
+
+
+# AWS's PyTorch containers read these with int() and hand them to TorchServe: every whole
+# number starts there, so every one starts here, clamped, with one start-log line.
+@pytest.mark.parametrize("variable, value, field, taken, note", [
+    ("SAGEMAKER_TS_MAX_BATCH_DELAY", "100000", "max_batch_delay_ms", 1000.0, "above 1000: taken as 1000"),
+    ("SAGEMAKER_TS_MAX_BATCH_DELAY", "-1", "max_batch_delay_ms", 0.0, "below 0: taken as 0"),
+    ("SAGEMAKER_TS_BATCH_SIZE", "0", "max_batch_size", 1, "below 1: taken as 1"),
+    ("SAGEMAKER_TS_BATCH_SIZE", "-4", "max_batch_size", 1, "below 1: taken as 1"),
+    ("SAGEMAKER_TS_BATCH_SIZE", "99999999999", "max_batch_size", 2**31 - 1, "taken as 2147483647"),
+    ("SAGEMAKER_TS_RESPONSE_TIMEOUT", "0", "timeout", 60, "taken as unset"),
+    ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "-5", "timeout", 60, "taken as unset"),
+    ("SAGEMAKER_MODEL_SERVER_WORKERS", "0", "workers", None, "taken as unset"),
+])
+def test_a_value_the_pytorch_containers_take_is_clamped_and_said_once(variable, value, field, taken, note):
+    assert getattr(Settings.from_env({variable: value}), field) == taken
+    notes = toolkit_notes({variable: value})
+    assert len(notes) == 1 and notes[0].startswith(f"{variable}={value}") and note in notes[0]
+
+
+@pytest.mark.parametrize("variable, value, field, taken", [
+    ("SAGEMAKER_TS_MAX_BATCH_DELAY", "100", "max_batch_delay_ms", 100.0),
+    ("SAGEMAKER_TS_BATCH_SIZE", "8", "max_batch_size", 8),
+    ("SAGEMAKER_MODEL_SERVER_WORKERS", "3", "workers", 3),
+    ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "120", "timeout", 120),
+])
+def test_a_value_in_range_is_taken_as_written_with_no_clamp_note(variable, value, field, taken):
+    assert getattr(Settings.from_env({variable: value}), field) == taken
+    assert not any("taken as" in note for note in toolkit_notes({variable: value}))
+
+
+def test_the_java_model_servers_settings_are_noted_as_unused():
+    notes = toolkit_notes({"SAGEMAKER_MODEL_SERVER_VMARGS": "-Xmx2g", "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS": "30"})
+    assert notes == [
+        "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS is not used by this server; instead: SAGEMAKER_MODEL_SERVER_TIMEOUT "
+        "(seconds an answer may take)",
+        "SAGEMAKER_MODEL_SERVER_VMARGS is not used by this server; instead: nothing: this server runs no JVM",
+    ]

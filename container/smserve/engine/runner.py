@@ -22,7 +22,7 @@ from gevent.queue import Queue
 from gevent import monkey
 
 from smserve import metrics
-from smserve.engine import batchable, main_lane
+from smserve.engine import batch_plan, batchable, main_lane
 from smserve.engine.passes import Arrays, concatenate, pass_rows, records_in, rows_of, split_outputs
 from smserve.engine.hooks import is_stream, user_frames_first
 from smserve.engine.model_thread import ModelThread
@@ -97,6 +97,8 @@ class Runner:
         # A pass's prediction could not be cut back into its requests (batchable.split):
         # the model's own requests (a form's) run alone from then on.
         self.unsplittable = False
+        # Batching turned on by a setting for a model without metadata.json (batch_plan.Trial).
+        self.trial: batch_plan.Trial | None = None
         # Held by whichever runs a forward pass: the batcher, or a request that found the
         # model idle and went straight to a pass of its own.
         self._gate = Semaphore(1)
@@ -147,7 +149,7 @@ class Runner:
         model's pass is one request's, so a batched pass gets None. form: the leaves are
         what a model's input_fn returned (engine/batchable.py), and what comes back is
         this request's part of the model's prediction (or its named arrays)."""
-        if form is not None and self.unsplittable:
+        if self.unsplittable and (form is not None or self.trial):
             # The model's predictions could not be cut back into requests: each runs alone.
             return self._lone(inputs, context, form)
         outputs = self._direct(inputs, context, form)
@@ -163,7 +165,7 @@ class Runner:
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     def passes(self, inputs: Arrays) -> int:
-        if self.max_batch_size <= 0 or not inputs:
+        if self.max_batch_size <= 0 or not inputs or (self.trial and self.unsplittable):
             return 1
         return max(1, -(-rows_of(inputs) // self.max_batch_size))
 
@@ -364,7 +366,8 @@ class Runner:
     def _next_batch(self, first: _Pending) -> list[_Pending]:
         batch, rows, signature = [first], first.rows, first.signature
         deadline = time.monotonic() + self.max_delay_s
-        while rows < self.max_batch_size:
+        # (A trial that ended meanwhile: the requests it left in the queue run alone too.)
+        while rows < self.max_batch_size and not (self.trial and self.unsplittable):
             remaining = deadline - time.monotonic()
             try:
                 item = self._take(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
@@ -410,6 +413,10 @@ class Runner:
             log.warning("batched pass of %d requests failed (%s); running them one by one", len(batch), e)
             for item in batch:
                 self._run_alone(item)
+            if self.trial and all(item.result.successful() for item in batch):
+                self.trial.end(self, f"a pass of {len(batch)} requests failed where each of them alone did not")
+            return
+        if self.trial and not self.trial.check(self, batch, parts):
             return
         self.stats.ran(sum(item.rows for item in batch))
         for item, part in zip(batch, parts):

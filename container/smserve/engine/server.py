@@ -16,14 +16,14 @@ import numpy as np
 from gevent.threadpool import ThreadPool
 
 from smserve import logs, metrics
-from smserve.engine import hardware, readiness, toolkit
+from smserve.engine import batch_plan, hardware, readiness, toolkit
 from smserve.engine.artifacts import ModelLoadError
 from smserve.engine.hook_chain import HookChain
 from smserve.engine.hooks import hook_error
 from smserve.engine.sessions import SessionTable
 from smserve.errors import HTTPError, ServerError, Unavailable
 from smserve.core.context import RequestContext
-from smserve.core.metadata import ModelMetadata
+from smserve.core.metadata import METADATA_FILE, ModelMetadata
 from smserve.engine.runner import Runner
 from smserve.settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
 
@@ -114,9 +114,10 @@ class ModelServer:
             if self.settings.exit_on_load_error and self.name is None:
                 _stop_the_server(self.model_dir)
             return
-        max_batch = self.settings.max_batch_size or self.model.metadata.max_batch_size
-        if self.model.metadata.max_batch_size == 0:
-            max_batch = 0  # the model takes whole tensors; never concatenate requests
+        batching = batch_plan.plan(self.settings, self.model.metadata, self.model.hooks,
+                                   declared=os.path.exists(os.path.join(self.model_dir, METADATA_FILE)))
+        max_batch = batching.max_batch
+        self.runner.trial = batch_plan.Trial() if batching.trial else None
         inline_s = self.settings.inline_pass_ms / 1000.0 if self.model.may_run_inline else 0.0
         self.runner.start(self.model.predict, max_batch, stage=self.model.stage,
                           name=self.name or self.model.metadata.name, inline_pass_s=inline_s)
@@ -133,7 +134,7 @@ class ModelServer:
         log.info("worker %d ready: model %r on %s, max batch %d",
                  self.worker_index, self.model.metadata.name, self.model.device, max_batch)
         if self.worker_index == 0:
-            log.info("batching: %s", batching_note(self.model.hooks, max_batch))
+            log.info("batching: %s", batching.note)
 
     def _load_on_inference_thread(self) -> None:
         import torch  # only workers import torch: the master must not touch CUDA
@@ -403,29 +404,6 @@ class ModelServer:
             "BatchStrategy": self.settings.batch_strategy,
             "MaxPayloadInMB": payload,
         }
-
-
-def batching_note(hooks, max_batch: int) -> str:
-    """What batches across requests and what does not, and which hook decides: said
-    once at the start."""
-    if hooks.transform_fn is not None:
-        return ("off: transform_fn reads one body and answers it, so each request runs alone (input_fn, predict_fn "
-                "and output_fn instead batch the model's passes across requests)")
-    if max_batch <= 0:
-        return ("off: each request is one forward pass, whole (max_batch_size 0: metadata.json declares no batch "
-                "dimension, or none was derived; set max_batch_size > 0 to batch along dimension 0)")
-    if hooks.streams:
-        return ("off: predict_fn streams (a generator, or it returned an iterator), and an iterator cannot be split "
-                "back into requests, so each request runs alone")
-    notes = [f"requests share forward passes of up to {max_batch} records along dimension 0"]
-    if hooks.input_fn is not None:
-        notes.append("input_fn's tensors and arrays (or a tuple, list or dict of them) batch like decoded bodies "
-                     "when they agree past dimension 0; any other value it returns runs alone (said once when seen)")
-    if hooks.predict_context:
-        notes.append("predict_fn takes the request's context, but a pass of several requests is no one request's: "
-                     "there it gets context=None (read the context in input_fn or output_fn, which run per request, "
-                     "or set max_batch_size 0)")
-    return "; ".join(notes)
 
 
 def _freeze_heap() -> None:
