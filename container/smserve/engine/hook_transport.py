@@ -129,8 +129,7 @@ def _is_dense_cpu_tensor(value) -> bool:
 
 
 def _write(array: np.ndarray, dtype: str, tensor: bool, shape: tuple | None, held: list[int]) -> _Shared:
-    fd, path = tempfile.mkstemp(prefix=f"smserve-hook-{os.getpid()}-", dir=SHM_DIR)
-    os.unlink(path)  # nothing by name: the descriptor is the file
+    fd = _nameless_file()
     try:
         size = max(array.nbytes, 1)
         try:
@@ -144,6 +143,16 @@ def _write(array: np.ndarray, dtype: str, tensor: bool, shape: tuple | None, hel
         raise
     held.append(fd)
     return _Shared(os.getpid(), fd, dtype, tuple(array.shape) if shape is None else shape, tensor)
+
+
+def _nameless_file() -> int:
+    """A new file in SHM_DIR that has no name: the descriptor is the file."""
+    try:
+        return os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except (AttributeError, OSError):  # (a kernel or file system without O_TMPFILE)
+        fd, path = tempfile.mkstemp(prefix=f"smserve-hook-{os.getpid()}-", dir=SHM_DIR)
+        os.unlink(path)
+        return fd
 
 
 def _full(size: int, error: OSError) -> str:
