@@ -214,16 +214,24 @@ class Channel:
             self.death = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
             self.death = None
+        self._writable = self._poller(requests_fd, select.POLLOUT)
+        self._readable = self._poller(answers_fd, select.POLLIN)
+
+    def _poller(self, fd: int, event: int):
+        poller = _poll()
+        poller.register(fd, event)
+        if self.death is not None:
+            poller.register(self.death, select.POLLIN)
+        return poller
 
     def send(self, message, deadline: float) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         view = memoryview(LENGTH.pack(len(data)) + data)
         while view:
-            self._wait(self.requests, select.POLLOUT, deadline)
             try:
                 view = view[os.write(self.requests, view):]
-            except BlockingIOError:
-                continue
+            except BlockingIOError:  # the pipe is full: the process reads, dies or hangs
+                self._wait(self._writable, self.requests, deadline)
 
     def receive(self, deadline: float):
         return pickle.loads(self._read(LENGTH.unpack(self._read(LENGTH.size, deadline))[0], deadline))
@@ -232,21 +240,17 @@ class Channel:
         data = bytearray(size)
         view, got = memoryview(data), 0
         while got < size:
-            self._wait(self.answers, select.POLLIN, deadline)
             try:
                 n = os.readv(self.answers, [view[got:]])
-            except BlockingIOError:
+            except BlockingIOError:  # nothing yet: the process works, dies or hangs
+                self._wait(self._readable, self.answers, deadline)
                 continue
             if n == 0:
                 raise EOFError("its pipe closed")
             got += n
         return data
 
-    def _wait(self, fd: int, event: int, deadline: float) -> None:
-        poller = _poll()
-        poller.register(fd, event)
-        if self.death is not None:
-            poller.register(self.death, select.POLLIN)
+    def _wait(self, poller, fd: int, deadline: float) -> None:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
