@@ -219,3 +219,17 @@ def test_values_bigger_than_dev_shm_are_refused_and_the_worker_lives(tmp_path):
             assert "/dev/shm" in error and "16.0 MiB" in error, error
         assert invoke(server, output_mib=4).json() == {"size": 4 * 131072}
         assert worker_pids(server) == {worker}
+
+
+def test_a_hung_process_ends_with_a_worker_that_is_killed(tmp_path):
+    """The worker killed (gunicorn's timeout, the OOM killer) runs no clean-up of its own."""
+    with faults_server(tmp_path, {}) as server:
+        (worker,) = worker_pids(server)
+        hung_pid = hook_pid(server, tmp_path, "pid")
+        started = tmp_path / "hangs"
+        with ThreadPoolExecutor(1) as pool:
+            hung = pool.submit(invoke, server, hang=True, pid_file=str(started))
+            assert wait_until(started.exists, timeout=30)
+            os.kill(worker, signal.SIGKILL)
+            hung.exception()
+        assert wait_until(lambda: not alive(hung_pid), timeout=10)
