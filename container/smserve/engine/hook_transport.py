@@ -1,12 +1,12 @@
 """What crosses between a worker and its hook processes (engine/hook_processes.py), and
 the worker's end of their pipes.
 
-Arrays and dense CPU tensors cross through shared memory: the writer reserves the
-file's pages in /dev/shm (posix_fallocate: a full /dev/shm is an error here, never a
-SIGBUS when the mapping is written), writes them, and unlinks the file at once, keeping
-only its descriptor; the reader opens it through /proc/<writer>/fd/<n> and maps it. No
-name is left in /dev/shm on any path, a process killed included: the memory goes with
-the last descriptor and mapping. The writer keeps its descriptors (`held`) until the
+Arrays and dense CPU tensors cross through shared memory: the writer makes a file in
+/dev/shm that has no name (O_TMPFILE), reserves its pages (posix_fallocate: a full
+/dev/shm is an error here, never a SIGBUS when the mapping is written) and writes them;
+the reader opens it through /proc/<writer>/fd/<n> and maps it. No name is left in
+/dev/shm on any path, a process killed included: the memory goes with the last
+descriptor and mapping. The writer keeps its descriptors (`held`) until the
 reader has mapped them. Anything else is pickled.
 
 The worker waits on a process's pipe and on the process itself (a pidfd), each wait
