@@ -1,4 +1,4 @@
-"""Small file-system steps the worker's shared folders and /dev/shm files need."""
+"""Small file-system steps the worker's shared folders need."""
 
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ def test_arrays_sent_to_a_process_that_died_are_removed(tmp_path):
     from smserve.engine.hook_processes import HookProcessDied, HookProcesses
 
     folder = model_dir_with(tmp_path, PROCESS_HOOKS, "process-hooks")
-    processes = HookProcesses(str(folder), 1)
+    processes = HookProcesses(str(folder), 1, timeout_s=60)
     try:
         (pid,) = processes.pids
         os.kill(pid, signal.SIGKILL)

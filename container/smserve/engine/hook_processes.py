@@ -7,262 +7,215 @@ processes that import code/inference.py themselves and run input_fn and output_f
 each with its own interpreter and GIL. A hook thread hands a request to an idle one over
 a pipe and waits on it with the GIL released.
 
-What crosses, and how:
+What crosses, and how (engine/hook_transport.py):
 - a request: its body, content type, and its context's fields (headers, path, query,
   target model, session ID), pickled; the hook's custom attributes for the answer come
   back;
-- arrays and dense CPU tensors, each way: through shared memory (a file in /dev/shm
-  written once, mapped by the other side and unlinked at once), never pickled element by
-  element; anything else (a list, a PIL image, a sparse tensor) is pickled.
+- arrays and dense CPU tensors, each way: through shared memory (unlinked /dev/shm
+  files, reserved before they are written: a full /dev/shm is a 500 that says so),
+  never pickled element by element; anything else (a list, a PIL image, a sparse
+  tensor) is pickled.
 
 What such hooks cannot do: touch the model or anything model_fn set up (they run in
 another process, which never calls model_fn), and a stateful session's state (they see
 `context.session` as None: a model that keeps sessions runs its hooks on threads, as
 the start log says). Tensors they make are on the CPU; the server moves them to the
-device. A process that dies (a crash in the hook's native code) fails the requests it
-held with a 500, and another takes its place.
+device.
 
-The processes are plain children of the worker, spoken to by raw pipes from real
-threads: no gevent, no multiprocessing manager threads. They end when the worker
-does (their pipe closes).
+Faults: a process that dies (a crash in the hook's native code) fails the request it
+held with a 500 at once (the worker watches the process, not only its pipe, which a
+grandchild may hold), and another takes its place; one that does not answer by the
+request's deadline (SAGEMAKER_MODEL_SERVER_TIMEOUT) is killed and replaced; a worker
+none of whose processes could be started again answers 503, /ping included. The
+processes are plain children of the worker, spoken to by raw pipes from real threads
+(no gevent, no multiprocessing manager threads), and are killed when the worker ends,
+however it ends (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import _queue
 import logging
-import mmap
 import os
 import pickle
-import struct
+import signal
 import subprocess
 import sys
-import tempfile
-import threading
+import time
 import traceback
-from itertools import count
+import weakref
 
-import numpy as np
+from gevent import monkey
 
-from smserve import files
-from smserve.engine.batchable import is_tensor
-from smserve.errors import ServerError
+from smserve.engine.hook_transport import Channel, Deadline, SharedMemoryFull, receive, release, restored, send, \
+    shareable
+from smserve.errors import ServerError, Unavailable
 
 log = logging.getLogger(__name__)
 
-# Arrays this big or bigger cross through shared memory; smaller ones in the pickle.
-SHARED_BYTES = 64 * 1024
-_SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-_LENGTH = struct.Struct("<Q")
-_names = count()
-
-
-# ---------------------------------------------------------------- what crosses
-
-
-class _Shared:
-    """An array or a dense CPU tensor's bytes in a shared memory file, by name."""
-
-    __slots__ = ("path", "dtype", "shape", "tensor")
-
-    def __init__(self, path: str, dtype: str, shape: tuple, tensor: bool):
-        self.path, self.dtype, self.shape, self.tensor = path, dtype, shape, tensor
-
-    def __getstate__(self):
-        return self.path, self.dtype, self.shape, self.tensor
-
-    def __setstate__(self, state):
-        self.path, self.dtype, self.shape, self.tensor = state
-
-
-def shareable(value):
-    """value with its big arrays and dense CPU tensors (itself, or in a tuple, list or
-    dict) written to shared memory; anything else as it is, to be pickled."""
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind in "biufc" and value.nbytes >= SHARED_BYTES:
-            return _write(np.ascontiguousarray(value), value.dtype.str, tensor=False)
-        return value
-    if is_tensor(value) and value.device.type not in ("cpu", "meta") and str(value.layout) == "torch.strided":
-        value = value.detach().cpu()  # a hook process never touches the GPU: it gets CPU tensors
-    if _is_dense_cpu_tensor(value):
-        if value.nbytes < SHARED_BYTES:
-            return value
-        import torch
-
-        raw = value.detach().contiguous().view(torch.uint8).numpy()  # any dtype's bytes, bfloat16's too
-        return _write(raw, str(value.dtype).removeprefix("torch."), tensor=True, shape=tuple(value.shape))
-    if isinstance(value, (tuple, list)):
-        return type(value)(shareable(v) for v in value)
-    if isinstance(value, dict):
-        return {k: shareable(v) for k, v in value.items()}
-    return value
-
-
-def restored(value):
-    """shareable's value as it was: each shared array mapped (no copy) and its file gone."""
-    if isinstance(value, _Shared):
-        return _read(value)
-    if isinstance(value, (tuple, list)):
-        return type(value)(restored(v) for v in value)
-    if isinstance(value, dict):
-        return {k: restored(v) for k, v in value.items()}
-    return value
-
-
-def _discard(value) -> None:
-    """Remove the files of shareable's arrays in value that no one will read."""
-    if isinstance(value, _Shared):
-        files.remove(value.path)
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            _discard(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _discard(v)
-
-
-def _discard_written_by(pid: int) -> None:
-    """Remove every array file process `pid` wrote (it has ended: none will be read)."""
-    prefix = f"smserve-hook-{pid}-"
-    try:
-        with os.scandir(_SHM_DIR) as entries:
-            for entry in entries:
-                if entry.name.startswith(prefix):
-                    files.remove(entry.path)
-    except OSError:
-        pass
-
-
-def _is_dense_cpu_tensor(value) -> bool:
-    return (is_tensor(value) and str(value.layout) == "torch.strided" and not value.is_nested
-            and value.device.type == "cpu" and not value.is_quantized)
-
-
-def _write(array: np.ndarray, dtype: str, tensor: bool, shape: tuple | None = None) -> _Shared:
-    path = os.path.join(_SHM_DIR, f"smserve-hook-{os.getpid()}-{next(_names)}")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        size = max(array.nbytes, 1)
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as target:
-            np.frombuffer(target, np.uint8, array.nbytes)[:] = array.reshape(-1).view(np.uint8)
-    except BaseException:
-        os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
-    return _Shared(path, dtype, tuple(array.shape) if shape is None else shape, tensor)
-
-
-def _read(shared: _Shared):
-    fd = os.open(shared.path, os.O_RDWR)
-    try:
-        os.unlink(shared.path)  # mapped below: the memory lives as long as the array
-        size = os.fstat(fd).st_size
-        memory = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-    if not shared.tensor:
-        dtype = np.dtype(shared.dtype)
-        return np.frombuffer(memory, dtype, int(np.prod(shared.shape, dtype=np.int64))).reshape(shared.shape)
-    import torch
-
-    dtype = getattr(torch, shared.dtype)
-    elements = int(np.prod(shared.shape, dtype=np.int64))
-    if elements == 0:
-        return torch.empty(shared.shape, dtype=dtype)
-    return torch.frombuffer(memory, dtype=dtype, count=elements).reshape(shared.shape)
-
-
-def _send(pipe, message) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    pipe.write(_LENGTH.pack(len(data)) + data)
-    pipe.flush()
-
-
-def _receive(pipe):
-    head = pipe.read(_LENGTH.size)
-    if len(head) < _LENGTH.size:
-        raise EOFError
-    data = pipe.read(_LENGTH.unpack(head)[0])
-    return pickle.loads(data)
-
-
-# ---------------------------------------------------------------- the worker's side
+# A process that has not imported code/ in this long never will.
+START_S = 300
+_RealLock = monkey.get_original("threading", "Lock")  # taken by real threads (the hook threads)
+_start_thread = monkey.get_original("_thread", "start_new_thread")
+_pools = weakref.WeakSet()  # every pool of this process's, for end_all
 
 
 class HookProcessDied(ServerError):
     """The process running a request's hook ended before it answered."""
 
 
+def end_all() -> None:
+    """The worker's exit: every hook process of its ends now, a hung one included."""
+    for pool in list(_pools):
+        pool.close()
+
+
+# ---------------------------------------------------------------- the worker's side
+
+
 class HookProcesses:
     """N processes running one model's input_fn and output_fn; call() from real
-    threads only (the hook threads): it blocks its thread, never the loop."""
+    threads only (the hook threads): it blocks its thread, never the loop.
+    timeout_s: the request deadline, past which a call's process is ended."""
 
-    def __init__(self, model_dir: str, processes: int, single: bool = True):
+    def __init__(self, model_dir: str, processes: int, timeout_s: float, single: bool = True):
         """single: one model serves (its script may be in SAGEMAKER_SUBMIT_DIRECTORY)."""
-        self.model_dir, self.single = model_dir, single
+        self.model_dir, self.single, self.timeout_s = model_dir, single, timeout_s
         self._idle = _queue.SimpleQueue()  # a C queue: a thread blocks in get() with the GIL released
-        self._lock = threading.Lock()
+        self._lock = _RealLock()
+        self._to_start = _queue.SimpleQueue()  # the pids of ended processes, to replace
+        self._closed = False
+        self._starting = 0  # processes being started in place of ended ones
         self._children: list[_Child] = []
-        for _ in range(processes):
-            child = _Child(model_dir, single)
-            self._children.append(child)
+        try:
+            for _ in range(processes):
+                self._children.append(_Child(model_dir, single))
+            for child in self._children:
+                child.wait_ready()
+        except BaseException:
+            self.close()
+            raise
         for child in self._children:
-            child.wait_ready()
             self._idle.put(child)
+        _start_thread(self._starter, ())
+        _pools.add(self)
 
     @property
     def pids(self) -> list[int]:
         return [child.proc.pid for child in self._children]
 
+    def check(self) -> None:
+        """Unavailable where no process is left to run a hook (none could be started again)."""
+        if not self._children and not self._starting:
+            raise Unavailable("no hook process runs in this worker (SMSERVE_HOOK_PROCESSES): none could be started "
+                              "again after one ended (the log says why)")
+
     def input_fn(self, body: bytes, content_type: str, context):
-        return self._call("input_fn", (body, content_type), context)
+        return self._call("input_fn", (body, content_type), context, [])
 
     def output_fn(self, prediction, accept: str, context):
-        return self._call("output_fn", (shareable(prediction), accept), context)
-
-    def _call(self, hook: str, args: tuple, context):
-        fields = _fields(context) if context is not None else None
-        child = self._idle.get()
+        held: list[int] = []
         try:
-            ok, value, attributes = child.call((hook, args, fields))
-        except (EOFError, OSError) as e:
-            code = child.proc.wait(timeout=5) if child.proc.poll() is None else child.proc.returncode
-            # What neither side will read now: the arrays sent to it, and any it wrote for
-            # an answer it never sent (files in RAM, kept until unlinked).
-            _discard(args)
-            _discard_written_by(child.proc.pid)
-            child = self._replace(child)
-            raise HookProcessDied(f"{hook}'s process ended before answering (exit code {code}; a new one took its "
-                                  f"place): {type(e).__name__}: {e}") from None
-        except Exception as e:  # noqa: BLE001 - an answer that does not unpickle here (the pipe stays in step)
-            _discard_written_by(child.proc.pid)  # (it waits for its next request: nothing of its is in flight)
-            raise ServerError(f"{hook}'s answer could not be read from its process: {type(e).__name__}: {e}") from e
+            prediction = shareable(prediction, held)
+        except SharedMemoryFull as e:
+            raise SharedMemoryFull(f"output_fn's prediction cannot reach its hook process: {e}") from None
+        return self._call("output_fn", (prediction, accept), context, held)
+
+    def _call(self, hook: str, args: tuple, context, held: list[int]):
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            fields = _fields(context) if context is not None else None
+            child = self._free(deadline)
+            try:
+                ok, value, attributes = child.call((hook, args, fields), deadline)
+                value = restored(value)  # mapped while the process still holds its files
+            except Deadline:
+                log.error("%s's process (pid %d) did not answer within %s s (SAGEMAKER_MODEL_SERVER_TIMEOUT): "
+                          "ended, a new one takes its place", hook, child.proc.pid, self.timeout_s)
+                self._end(child)
+                child = None
+                raise ServerError(f"{hook} did not answer within {self.timeout_s} s: its process was ended") from None
+            except (EOFError, OSError) as e:
+                code = child.end()
+                self._end(child)
+                child = None
+                raise HookProcessDied(f"{hook}'s process ended before answering (exit code {code}; a new one took "
+                                      f"its place): {type(e).__name__}: {e}") from None
+            except Exception as e:  # noqa: BLE001 - an answer that does not unpickle here (the pipe stays in step)
+                raise ServerError(f"{hook}'s answer could not be read from its process: {type(e).__name__}: {e}") from e
+            finally:
+                if child is not None:
+                    self._idle.put(child)
         finally:
-            if child is not None:
-                self._idle.put(child)
+            release(held)  # the process mapped them, or never will
         if context is not None and attributes is not None:
             context.response_custom_attributes = attributes
         if ok:
-            return restored(value)
+            return value
         raise value
 
-    def _replace(self, dead: "_Child") -> "_Child | None":
-        dead.close()
+    def _free(self, deadline: float) -> "_Child":
+        """An idle process, waiting for one until the deadline."""
+        self.check()
         try:
-            child = _Child(self.model_dir, self.single)
-            child.wait_ready()
-        except Exception as e:  # noqa: BLE001 - the pool goes on smaller; said once
-            log.error("a hook process could not be started again: %s: %s", type(e).__name__, e)
-            return None
-        with self._lock:
-            self._children = [c for c in self._children if c is not dead] + [child]
+            child = self._idle.get(timeout=max(0.0, deadline - time.monotonic()))
+        except _queue.Empty:
+            raise ServerError(f"no hook process was free within {self.timeout_s} s") from None
+        if child is None:  # the pool is empty or closed: the next waiter hears it too
+            self._idle.put(None)
+            self.check()
+            raise Unavailable("the hook processes were closed")
         return child
 
+    def _end(self, child: "_Child") -> None:
+        """child is no more (dead, or killed here): another starts in its place, on the
+        pool's starter thread (the request that saw it end is answered meanwhile)."""
+        child.end()
+        with self._lock:
+            self._children = [c for c in self._children if c is not child]
+            if self._closed:
+                return
+            self._starting += 1
+        self._to_start.put(child.proc.pid)
+
+    def _starter(self) -> None:
+        """The pool's own thread, which starts every replacement: a process is killed
+        when the thread that started it ends (PR_SET_PDEATHSIG), and this one lasts."""
+        while (ended := self._to_start.get()) is not None:
+            new = error = None
+            try:
+                new = _Child(self.model_dir, self.single)
+                new.wait_ready()
+            except Exception as e:  # noqa: BLE001 - said below
+                if new is not None:
+                    new.end()
+                new, error = None, e
+            with self._lock:
+                self._starting -= 1
+                kept = new is not None and not self._closed
+                if kept:
+                    self._children.append(new)
+                gone = not self._children and not self._starting
+            if kept:
+                log.info("hook process %d took the place of %d", new.proc.pid, ended)
+                self._idle.put(new)
+            elif new is not None:
+                new.end()  # (the pool closed meanwhile)
+            else:
+                log.error("a hook process could not be started again: %s: %s", type(error).__name__, error)
+                if gone:
+                    self._idle.put(None)  # wakes whoever waits for a process: none is coming
+
     def close(self) -> None:
-        for child in self._children:
-            child.close()
+        """Every process ends now (killed: one may hang); their files go with them."""
+        _pools.discard(self)
+        with self._lock:
+            self._closed = True
+            children, self._children = self._children, []
+        for child in children:
+            child.end()
+        self._idle.put(None)
+        self._to_start.put(None)
 
 
 def _fields(context) -> dict:
@@ -277,43 +230,72 @@ class _Child:
         requests_r, requests_w = os.pipe()
         answers_r, answers_w = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "smserve.engine.hook_processes", model_dir,
-                                      str(requests_r), str(answers_w), "single" if single else "one-of-many"],
-                                     pass_fds=(requests_r, answers_w), env=env, stdin=subprocess.DEVNULL)
-        os.close(requests_r)
-        os.close(answers_w)
-        self.requests = os.fdopen(requests_w, "wb")
-        self.answers = os.fdopen(answers_r, "rb")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "smserve.engine.hook_processes", model_dir,
+                                          str(requests_r), str(answers_w), "single" if single else "one-of-many",
+                                          str(os.getpid())],
+                                         pass_fds=(requests_r, answers_w), env=env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            os.close(requests_w)
+            os.close(answers_r)
+            raise
+        finally:
+            os.close(requests_r)
+            os.close(answers_w)
+        self.channel = Channel(self.proc, requests_w, answers_r)
+        self._ended = False
 
     def wait_ready(self) -> None:
-        ok, error = _receive(self.answers)
+        try:
+            ok, error = self.channel.receive(time.monotonic() + START_S)
+        except Deadline:
+            raise RuntimeError(f"a hook process did not load code/ within {START_S} s") from None
+        except (EOFError, OSError) as e:
+            raise RuntimeError(f"a hook process ended while it loaded code/ (exit code {self.proc.poll()}): "
+                               f"{type(e).__name__}: {e}") from None
         if not ok:
             raise RuntimeError(f"a hook process could not load code/: {error}")
 
-    def call(self, message):
-        _send(self.requests, message)
-        return _receive(self.answers)
+    def call(self, message, deadline: float):
+        self.channel.send(message, deadline)
+        return self.channel.receive(deadline)
 
-    def close(self) -> None:
-        for pipe in (self.requests, self.answers):
-            try:
-                pipe.close()
-            except OSError:
-                pass
-        if self.proc.poll() is None:
-            self.proc.terminate()
+    def end(self) -> int | None:
+        """Kill it (where it runs still) and reap it: its exit code (None: not reaped)."""
+        if not self._ended:
+            self._ended = True
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.channel.close()
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
 
 
 # ---------------------------------------------------------------- the process's side
 
 
-def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool) -> None:
-    import signal
+def _end_with(worker: int) -> None:
+    """Killed when the worker ends, however it ends: a hung hook never outlives it."""
+    try:
+        import ctypes
 
-    # The worker ends it by closing its pipe, after the requests in flight: a SIGTERM to
-    # the process group at shutdown must not cut one off.
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != worker:  # it ended before the line above
+        os._exit(0)
+
+
+def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool, worker: int) -> None:
+    _end_with(worker)
+    # The worker ends it (pipe closed, or killed), after the requests in flight: a
+    # SIGTERM to the process group at shutdown must not cut one off.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for fd in (requests_fd, answers_fd):
+        os.set_inheritable(fd, False)  # a program a hook starts must not hold them
     requests = os.fdopen(requests_fd, "rb")
     answers = os.fdopen(answers_fd, "wb")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
@@ -329,14 +311,17 @@ def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool) -> N
         # The script the worker's settings name (SAGEMAKER_PROGRAM): the same environment.
         hooks = load_hooks(model_dir, toolkit.script_of(Settings.from_env()), single)
     except BaseException as e:  # noqa: BLE001 - said to the worker, which refuses to start
-        _send(answers, (False, f"{type(e).__name__}: {e}"))
+        send(answers, (False, f"{type(e).__name__}: {e}"))
         return
-    _send(answers, (True, None))
+    send(answers, (True, None))
+    held: list[int] = []  # the last answer's files, kept until the worker's next request
     while True:
         try:
-            hook, args, fields = _receive(requests)
+            hook, args, fields = receive(requests)
         except EOFError:
             return
+        release(held)  # the worker mapped them before it let this process take another request
+        held = []
         context = None
         if fields is not None:
             context = RequestContext({k.upper(): v for k, v in fields["headers"].items()}, fields["path"],
@@ -345,21 +330,33 @@ def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool) -> N
             context.device = torch.device(fields["device"]) if fields["device"] else None
             if fields["system_properties"] is not None:
                 context.system_properties = fields["system_properties"]
+        answer = _answer(hooks, hook, args, context, held)
         try:
-            function = getattr(hooks, hook)
-            if hook == "output_fn":
-                args = (restored(args[0]), args[1])
-            value = function(*args, context) if context is not None else function(*args)
-            answer = (True, shareable(value), None)
-        except BaseException as e:  # noqa: BLE001 - the worker names the hook and answers
-            answer = (False, _portable(e), None)
-        if context is not None:
-            answer = (*answer[:2], context.response_custom_attributes)
-        try:
-            _send(answers, answer)
+            send(answers, answer)
         except (pickle.PicklingError, TypeError, AttributeError) as e:
-            _send(answers, (False, TypeError(f"{hook} returned a value that cannot leave its process: "
-                                             f"{type(e).__name__}: {e}"), None))
+            release(held)
+            held = []
+            send(answers, (False, ServerError(f"{hook} failed: its value cannot leave its hook process: "
+                                              f"{type(e).__name__}: {e}"), None))
+
+
+def _answer(hooks, hook: str, args: tuple, context, held: list[int]) -> tuple:
+    """(ok, the hook's value or exception, the custom attributes it set)."""
+    try:
+        function = getattr(hooks, hook)
+        if hook == "output_fn":
+            args = (restored(args[0]), args[1])
+        value = function(*args, context) if context is not None else function(*args)
+    except BaseException as e:  # noqa: BLE001 - the worker names the hook and answers
+        answer = (False, _portable(e))
+    else:
+        try:
+            answer = (True, shareable(value, held))
+        except SharedMemoryFull as e:
+            answer = (False, SharedMemoryFull(f"{hook}'s value cannot reach the worker: {e}"))
+        except BaseException as e:  # noqa: BLE001
+            answer = (False, _portable(e))
+    return (*answer, context.response_custom_attributes if context is not None else None)
 
 
 def _portable(error: BaseException) -> BaseException:
@@ -376,8 +373,8 @@ def _portable(error: BaseException) -> BaseException:
 
 
 if __name__ == "__main__":
-    # Through the module by its name, not __main__: what it pickles (_Shared) must be
-    # found by that name in the worker.
+    # Through the module by its name, not __main__: what it pickles must be found by
+    # that name in the worker.
     from smserve.engine import hook_processes
 
-    hook_processes._serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "single")
+    hook_processes._serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "single", int(sys.argv[5]))

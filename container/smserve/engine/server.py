@@ -166,7 +166,7 @@ class ModelServer:
             return None
         from smserve.engine.hook_processes import HookProcesses
 
-        processes = HookProcesses(self.model_dir, wanted, single=self.name is None)
+        processes = HookProcesses(self.model_dir, wanted, self.settings.request_timeout, single=self.name is None)
         log.info("hook processes: %d run %s (SMSERVE_HOOK_PROCESSES; pids %s)", wanted,
                  " and ".join(n for n in ("input_fn", "output_fn") if getattr(hooks, n) is not None),
                  ", ".join(map(str, processes.pids)))
@@ -195,6 +195,8 @@ class ModelServer:
         """/ping: at the first start, this worker and every other one have loaded their
         model; after it, this worker serves (a restarting one takes no connection)."""
         self.check_ready()
+        if self.hook_processes is not None:
+            self.hook_processes.check()  # (none could be started again: this worker cannot serve)
         loading = readiness.starting(self.state_dir, self.workers)
         if loading:
             raise Unavailable(f"model is loading in worker(s) {', '.join(map(str, loading))} of {self.workers}")

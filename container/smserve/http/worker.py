@@ -179,6 +179,9 @@ class GeventModelWorker(base.Worker):
         if self.handoff is not None:
             self.handoff.close()
         self.model_server.close_sessions()  # every request answered: through the model's hook
+        from smserve.engine import hook_processes
+
+        hook_processes.end_all()  # a hung one included
         # Every answer is out and every connection closed. Python's own finalisation
         # (torch, thread pools) would keep the worker, and so the container's stop,
         # waiting seconds more for nothing.
