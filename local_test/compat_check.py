@@ -42,13 +42,16 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from local_test.server_process import ROOT, HTTPProcess, ServerProcess, free_port
+from local_test.server_process import HTTPProcess, ServerProcess, free_port
 
+REFERENCE = Path(__file__).with_name("compat_check_reference.py")
 MANIFEST = "manifest.json"
 TYPES = {".json": "application/json", ".csv": "text/csv", ".npy": "application/x-npy", ".txt": "text/plain",
          ".jsonl": "application/jsonlines", ".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
          ".bin": "application/octet-stream"}
 CELL = 32  # characters of an answer the table shows
+# float32 answers from two processes (thread counts, batch shapes) differ in their last bits
+RTOL, ATOL = 1e-4, 1e-5
 
 
 @dataclass
@@ -205,7 +208,7 @@ def table(rows: list[tuple[str, Answer, Answer, str | None]]) -> str:
 
 
 def run(model: Path, requests_dir: Path, concurrency: int = 1, repeat: int = 1, env: dict[str, str] | None = None,
-        rtol: float = 1e-4, atol: float = 1e-5, logs: Path | None = None):
+        rtol: float = RTOL, atol: float = ATOL, logs: Path | None = None):
     """(rows for table(), every answer equal). Both sides are stopped before it returns."""
     todo = load_requests(requests_dir)
     with tempfile.TemporaryDirectory(prefix="compat-check-") as scratch:
@@ -213,10 +216,10 @@ def run(model: Path, requests_dir: Path, concurrency: int = 1, repeat: int = 1, 
         logs = logs or scratch
         folder = model_folder(model, scratch).resolve()
         port = free_port()
-        reference = HTTPProcess([sys.executable, "-m", "local_test.compat_check_reference", str(folder), str(port)], {
-            **os.environ,
-            # the DLC's start script puts the script's folder first (torchserve._set_python_path)
-            "PYTHONPATH": os.pathsep.join([str(folder / "code"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        # -P: nothing of this checkout's on the script's import path, only what the DLC's
+        # start script puts first there, the script's folder (torchserve._set_python_path).
+        reference = HTTPProcess([sys.executable, "-P", str(REFERENCE), str(folder), str(port)], {
+            **os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder / "code"), os.environ.get("PYTHONPATH")])),
         }, f"http://127.0.0.1:{port}", "/ping", logs / "toolkit.log", cwd=folder)
         ours = ServerProcess(folder, env=env, log_path=logs / "here.log")
         started = []
@@ -243,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight at once, on each side")
     parser.add_argument("--repeat", type=int, default=1, help="send each request this many times")
     parser.add_argument("--env", action="append", default=[], metavar="K=V", help="a setting for this server only")
-    parser.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance for numbers")
-    parser.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance for numbers")
+    parser.add_argument("--rtol", type=float, default=RTOL, help="relative tolerance for numbers (%(default)s)")
+    parser.add_argument("--atol", type=float, default=ATOL, help="absolute tolerance for numbers (%(default)s)")
     parser.add_argument("--logs", type=Path, help="folder to keep both sides' logs in (toolkit.log, here.log)")
     args = parser.parse_args(argv)
     if any("=" not in e for e in args.env):

@@ -22,13 +22,14 @@ What the frontend and the DLC's start script do, and so this module does:
 - one request at a time: the DLC's default batch size is 1, and one worker handles one
   batch at a time.
 
-Run as `python -m local_test.compat_check_reference MODEL_DIR PORT` (local_test/
+Run as `python -P local_test/compat_check_reference.py MODEL_DIR PORT` (local_test/
 compat_check.py starts it): GET /ping answers 200 once the model has loaded,
 POST /invocations answers as the DLC would.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import sys
@@ -138,6 +139,8 @@ class Handler(BaseHTTPRequestHandler):
 
 def main() -> None:
     model_dir, port = sys.argv[1], int(sys.argv[2])
+    # as ts/model_service_worker.py logs: the handler's tracebacks land in toolkit.log
+    logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
     service = load_service(model_dir)
     ReferenceServer(port, service).serve_forever()
 

@@ -11,10 +11,10 @@ import pytest
 from ts.context import Context, RequestProcessor
 from ts.protocol.otf_message_handler import create_predict_response
 
-from local_test.compat_check import Answer, first_difference, load_requests
+from local_test.compat_check import ATOL, RTOL, Answer, first_difference, load_requests
 from local_test.compat_check_reference import decode_predict_response
 
-TOL = {"rtol": 1e-4, "atol": 1e-5}
+TOL = {"rtol": RTOL, "atol": ATOL}
 
 
 def npy(array) -> bytes:

@@ -10,7 +10,7 @@ WORDS = "the movie was great good bad boring plot acting loved hated film story 
 
 
 def build(model_dir, requests_dir):
-    torch.manual_seed(6)
+    torch.manual_seed(8)  # a seed whose two reviews get different answers
     word_dict = {word: index + 2 for index, word in enumerate(WORDS)}  # 0: no word, 1: unknown
     info = {"embedding_dim": 8, "hidden_dim": 6, "vocab_size": len(word_dict) + 2}
     (model_dir / "word_dict.json").write_text(json.dumps(word_dict))
