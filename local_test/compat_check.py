@@ -72,7 +72,7 @@ class Answer:
 def load_requests(folder: Path) -> list[Request]:
     manifest = json.loads((folder / MANIFEST).read_text()) if (folder / MANIFEST).exists() else {}
     found = []
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST):
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")):
         entry = manifest.get(path.name, {})
         content_type = entry.get("content_type") or TYPES.get(path.suffix.lower())
         if not content_type:
@@ -95,7 +95,10 @@ def model_folder(model: Path, scratch: Path) -> Path:
 
 def send(url: str, request: Request) -> Answer:
     headers = {"Content-Type": request.content_type, "Accept": request.accept}  # None: not sent
-    response = requests.post(url + "/invocations", data=request.body, headers=headers, timeout=120)
+    try:
+        response = requests.post(url + "/invocations", data=request.body, headers=headers, timeout=120)
+    except requests.RequestException as e:  # a side that died or hung is a row of the table too
+        return Answer(0, "", f"no answer: {e}".encode())
     return Answer(response.status_code, response.headers.get("Content-Type", ""), response.content)
 
 
