@@ -31,7 +31,7 @@ LOCK := lock/dev$(if $(filter cpu,$(TORCH_VARIANT)),-no-torch).txt
 STAMP := $(VENV)/.installed-$(TORCH_VARIANT)
 UV_VERSION := 0.13.9
 
-.PHONY: help install lock model model-textgen model-image new-model serve test test-fast batch-example mme-local bench clean
+.PHONY: help install lock model model-textgen model-image new-model compat-check serve test test-fast batch-example mme-local bench clean
 
 help: ## This list (variables: docs/reference.md "Make targets and variables")
 	@awk -F':[^#]*## ' '/^[a-zA-Z][a-zA-Z0-9_-]*:[^=].*## /{printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -77,6 +77,13 @@ $(IMAGE_MODEL_DIR)/metadata.json: $(STAMP) model/image/build.py model/image/resn
 new-model: install ## metadata.json + code/inference.py for the model.pt2/model.pt in DIR (make new-model DIR=...)
 	@test -n "$(DIR)" || { echo "usage: make new-model DIR=folder-holding-model.pt2-or-model.pt" >&2; exit 2; }
 	$(PY) -m model.init $(DIR)
+
+# Serves MODEL twice, by the AWS toolkit's own handler (as the PyTorch containers do) and
+# by this server, and compares their answers to each file in REQUESTS (docs/migrating.md).
+# COMPAT_ARGS passes more: --concurrency N, --repeat K, --env K=V (this server only), --logs DIR.
+compat-check: install ## Your model's answers from AWS's toolkit and from this server, side by side (MODEL=model.tar.gz-or-folder REQUESTS=folder)
+	@test -n "$(MODEL)" && test -n "$(REQUESTS)" || { echo "usage: make compat-check MODEL=model.tar.gz-or-folder REQUESTS=folder [COMPAT_ARGS='--concurrency 8']" >&2; exit 2; }
+	$(PY) -m local_test.compat_check $(MODEL) $(REQUESTS) $(COMPAT_ARGS)
 
 # A model that fails to load stops the server here (SMSERVE_EXIT_ON_LOAD_ERROR): locally
 # the error is the news, while under SageMaker the container stays up and /ping says 500.
