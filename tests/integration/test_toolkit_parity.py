@@ -159,7 +159,10 @@ def model(root: Path, name: str, script: str, program: str) -> Path:
 
 SCRIPTS = {"texts": (TEXTS, "texts_script.py"), "answers": (ANSWERS, "answers_script.py"),
            "scalar": (SCALAR, "scalar_script.py"), "dropout": (DROPOUT, "dropout_script.py"),
-           "uses_toolkit": (USES_TOOLKIT, "uses_toolkit_script.py"), "transform": (TRANSFORM, "transform_script.py")}
+           "uses_toolkit": (USES_TOOLKIT, "uses_toolkit_script.py"), "transform": (TRANSFORM, "transform_script.py"),
+           "texts_in_processes": (TEXTS, "texts_script.py")}
+# Where the hooks run in processes of their own, those decode the body.
+ENV = {"texts_in_processes": {"SMSERVE_HOOK_PROCESSES": "1"}}
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +172,7 @@ def served(tmp_path_factory):
     made = {}
     for name, (script, program) in SCRIPTS.items():
         path = model(root, name, script, program)
-        made[name] = (ServerProcess(path, {"SAGEMAKER_PROGRAM": program}, log_path=logs / f"{name}.log"),
+        made[name] = (ServerProcess(path, {"SAGEMAKER_PROGRAM": program, **ENV.get(name, {})}, log_path=logs / f"{name}.log"),
                       Toolkit(path, program))
     start_all(server for server, _ in made.values())
     yield made
@@ -198,20 +201,22 @@ def same_answer(served, name: str, body: bytes, content_type: str, accept: str |
     return r
 
 
-def test_input_fn_gets_a_str_for_json_and_csv_and_bytes_otherwise(served):
-    assert same_answer(served, "texts", b"a,b\nc,d\n", CSV, JSON).json() == {"type": "str",
+@pytest.mark.parametrize("texts", ["texts", "texts_in_processes"])
+def test_input_fn_gets_a_str_for_json_and_csv_and_bytes_otherwise(served, texts):
+    assert same_answer(served, texts, b"a,b\nc,d\n", CSV, JSON).json() == {"type": "str",
                                                                               "rows": [["a", "b"], ["c", "d"]]}
-    assert same_answer(served, "texts", b'{"text": "the cat sat"}', JSON).json()["type"] == "str"
-    assert same_answer(served, "texts", b"\x00\x01\x02", "application/octet-stream").json() == {"type": "bytes",
+    assert same_answer(served, texts, b'{"text": "the cat sat"}', JSON).json()["type"] == "str"
+    assert same_answer(served, texts, b"\x00\x01\x02", "application/octet-stream").json() == {"type": "bytes",
                                                                                                  "size": 3}
     # With a parameter, the type is not one the toolkit decodes: bytes, as there.
-    assert same_answer(served, "texts", b'{"text": "x"}', "application/json; charset=utf-8").json()["type"] == "bytes"
+    assert same_answer(served, texts, b'{"text": "x"}', "application/json; charset=utf-8").json()["type"] == "bytes"
 
 
-def test_a_json_or_csv_body_that_is_not_utf8_is_a_400_naming_the_body(served):
-    server, _ = served["texts"]
+@pytest.mark.parametrize("texts", ["texts", "texts_in_processes"])
+def test_a_json_or_csv_body_that_is_not_utf8_is_a_400_naming_the_body(served, texts):
+    server, _ = served[texts]
     r = ours(server, b'{"text": "\xff\xfe"}', JSON)
-    assert r.status_code == 400 and "UTF-8" in r.json()["error"], r.text
+    assert r.status_code == 400 and "not UTF-8" in r.json()["error"] and "input_fn" in r.json()["error"], r.text
 
 
 def test_what_output_fn_returns_is_written_as_torchserve_writes_it(served):

@@ -107,10 +107,10 @@ def _run_input_fn(model, message, context, processes=None):
     model.bind_thread()
     hooks = model.hooks
     name = hooks.named("input_fn")
-    body = toolkit.text_body(message.body, message.content_type, name)
     try:
-        if processes is not None:
-            return processes.input_fn(body, message.content_type, context)
+        if processes is not None:  # the process decodes the body, off this worker's GIL
+            return processes.input_fn(message.body, message.content_type, context)
+        body = toolkit.text_body(message.body, message.content_type, name)
         if context is not None:
             return hooks.input_fn(body, message.content_type, context)
         return hooks.input_fn(body, message.content_type)

@@ -349,6 +349,8 @@ def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool) -> N
             function = getattr(hooks, hook)
             if hook == "output_fn":
                 args = (restored(args[0]), args[1])
+            elif hook == "input_fn":  # decoded here, off the worker's GIL
+                args = (toolkit.text_body(args[0], args[1], hooks.named(hook)), args[1])
             value = function(*args, context) if context is not None else function(*args)
             answer = (True, shareable(value), None)
         except BaseException as e:  # noqa: BLE001 - the worker names the hook and answers
