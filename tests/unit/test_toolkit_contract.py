@@ -177,7 +177,7 @@ def test_an_answer_is_written_as_torchserve_writes_it(value):
 def test_an_answer_neither_json_nor_a_buffer_can_write_says_what_to_return():
     assert toolkit.written(np.arange(3, dtype=np.int32), "application/x-raw") == (
         np.arange(3, dtype=np.int32).tobytes(), "application/x-raw")
-    for value in ({1, 2}, ("only",), {"a": np.float32(1)}):
+    for value in ({1, 2}, ("only",), {"a": np.float32(1)}, ("body", 415)):
         with pytest.raises(ValueError, match="it returned a"):
             toolkit.written(value, "application/json")
 

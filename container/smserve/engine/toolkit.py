@@ -178,6 +178,8 @@ def written(answer, accept: str) -> tuple[bytes, str]:
         if len(answer) < 2:
             raise ValueError(f"it returned a tuple of {len(answer)}: return (body, content type)")
         answer, media = answer[0], answer[1] or accept
+        if not isinstance(media, str):
+            raise ValueError(f"it returned a {type(media).__name__} as the content type: return (body, a str)")
     if isinstance(answer, (bytes, bytearray, memoryview)):
         return bytes(answer), media
     if isinstance(answer, str):
