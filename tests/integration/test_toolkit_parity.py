@@ -172,8 +172,8 @@ def served(tmp_path_factory):
     made = {}
     for name, (script, program) in SCRIPTS.items():
         path = model(root, name, script, program)
-        made[name] = (ServerProcess(path, {"SAGEMAKER_PROGRAM": program, **ENV.get(name, {})}, log_path=logs / f"{name}.log"),
-                      Toolkit(path, program))
+        env = {"SAGEMAKER_PROGRAM": program, **ENV.get(name, {})}
+        made[name] = (ServerProcess(path, env, log_path=logs / f"{name}.log"), Toolkit(path, program))
     start_all(server for server, _ in made.values())
     yield made
     for server, _ in made.values():

@@ -30,15 +30,18 @@ import os
 import sys
 from dataclasses import dataclass
 
+from smserve.core import media
 from smserve.errors import BadRequest, HTTPError
 
 DEFAULT_PROGRAM = "inference.py"
 CODE_DIR = "code"
 # The Content-Types whose body the toolkit hands input_fn and transform_fn as a str
 # (sagemaker_inference.content_types.UTF8_TYPES, compared whole, parameters and all).
-UTF8_TYPES = ("application/json", "text/csv")
+UTF8_TYPES = (media.JSON, media.CSV)
 # TorchServe's JSON for an answer that is neither bytes nor a str (otf_message_handler).
 ANSWER_JSON_INDENT = 2
+# The files of code/ a missing script's message names: enough to spot a misspelling.
+SHOWN_FILES = 20
 # Each hook's arguments before the optional context, as the toolkit calls it.
 ARITY = {"model_fn": 1, "pre_model_fn": 1, "model_warmup_fn": 2, "input_fn": 2, "predict_fn": 2,
          "output_fn": 2, "transform_fn": 4}
@@ -72,7 +75,8 @@ class Script:
         code = os.path.join(model_dir, CODE_DIR)
         if os.path.isdir(code):
             held = sorted(os.listdir(code))
-            holds = f"{code} holds {', '.join(held[:20])}{' ...' if len(held) > 20 else ''}" if held else f"{code} is empty"
+            shown = ", ".join(held[:SHOWN_FILES]) + (" ..." if len(held) > SHOWN_FILES else "")
+            holds = f"{code} holds {shown}" if held else f"{code} is empty"
         else:
             holds = f"there is no {code} folder"
         where = f" nor {self.submit_dir}" if single and self.submit_dir else ""
@@ -130,10 +134,10 @@ class TransformRequest:
 
 def from_transform_fn(transform_fn, default_accept: str) -> dict:
     """input_fn, predict_fn and output_fn that together are transform_fn: the first
-    carries the body over (a str already, where the toolkit decodes it: text_body), the second runs transform_fn where the model runs (the
-    inference thread, so a GPU model gets its device and stream), the third hands its
-    answer back as the toolkit does (a (body, content type) tuple, or the body in the
-    Accept's type)."""
+    carries the body over (a str already, where the toolkit decodes it: text_body), the
+    second runs transform_fn where the model runs (the inference thread, so a GPU model
+    gets its device and stream), the third hands its answer back as the toolkit does (a
+    (body, content type) tuple, or the body in the Accept's type)."""
     with_context = takes_context(transform_fn, "transform_fn")
 
     def input_fn(body, content_type, context):
@@ -173,29 +177,29 @@ def written(answer, accept: str) -> tuple[bytes, str]:
     type) tuple as the toolkit's transformer reads one, its body as TorchServe writes it.
     An array, or any other buffer JSON cannot write, as its bytes. Else a ValueError
     that says what to return."""
-    media = accept
+    content_type = accept
     if isinstance(answer, tuple):
         if len(answer) < 2:
             raise ValueError(f"it returned a tuple of {len(answer)}: return (body, content type)")
-        answer, media = answer[0], answer[1] or accept
-        if not isinstance(media, str):
-            raise ValueError(f"it returned a {type(media).__name__} as the content type: return (body, a str)")
+        answer, content_type = answer[0], answer[1] or accept
+        if not isinstance(content_type, str):
+            raise ValueError(f"it returned a {type(content_type).__name__} as the content type: return (body, a str)")
     if isinstance(answer, (bytes, bytearray, memoryview)):
-        return bytes(answer), media
+        return bytes(answer), content_type
     if isinstance(answer, str):
-        return answer.encode("utf-8"), media
+        return answer.encode("utf-8"), content_type
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(answer, torch.Tensor):
         out = io.BytesIO()
         torch.save(answer, out)
-        return out.getvalue(), media
+        return out.getvalue(), content_type
     try:
-        return json.dumps(answer, indent=ANSWER_JSON_INDENT).encode("utf-8"), media
+        return json.dumps(answer, indent=ANSWER_JSON_INDENT).encode("utf-8"), content_type
     except (TypeError, ValueError):
         pass
     try:
         # Through a buffer, never bytes(answer): bytes(n) of an int is n zero bytes.
-        return memoryview(answer).tobytes(), media
+        return memoryview(answer).tobytes(), content_type
     except (TypeError, ValueError, BufferError):
         raise ValueError(f"it returned a {type(answer).__name__}, which neither JSON nor a buffer can write: "
                          "return bytes, a str, or a value JSON can carry (or a (body, content type) tuple)") from None
