@@ -67,7 +67,7 @@ class Script:
 
     def missing(self, model_dir: str, single: bool = True) -> str | None:
         """Why the model cannot serve: SAGEMAKER_PROGRAM names a script that is not there
-        (the toolkit fails then; without hooks the model would answer raw outputs).
+        (served without the hooks it was written for, a model answers raw outputs).
         None when the script is there, or when no script was named (the default's
         absence means a model without hooks)."""
         if self.program == DEFAULT_PROGRAM or self.path(model_dir, single) is not None:
