@@ -111,6 +111,35 @@ def model_warmup_fn(model_dir, model, context):
     assert loaded.metadata.platform == "pytorch_custom"
 
 
+
+@pytest.mark.parametrize("predict_fn", [False, True])
+def test_without_predict_fn_model_fns_model_is_put_in_eval_mode_as_the_toolkits_default_runs_it(tmp_path, predict_fn):
+    write(tmp_path / "code" / "inference.py", """
+import torch
+TRAINING = []
+def model_fn(model_dir):
+    return torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+def model_warmup_fn(model_dir, model):
+    TRAINING.append(model.training)  # as model_fn made it: the toolkit sets the mode per request
+""" + ("def predict_fn(data, model):\n    return model(data)\n" if predict_fn else ""))
+    loaded = loaded_model.load(str(tmp_path), torch.device("cpu"))
+    import inference
+
+    assert inference.TRAINING == [True]
+    assert loaded.model.training is predict_fn  # with a predict_fn, the mode is the script's
+
+
+def test_an_exported_module_from_model_fn_loads_without_a_mode_to_set(tmp_path):
+    torch.export.save(torch.export.export(Double(), (torch.zeros(1, 2),)), str(tmp_path / "double.pt2"))
+    write(tmp_path / "code" / "inference.py", """
+import os, torch
+def model_fn(model_dir):
+    return torch.export.load(os.path.join(model_dir, "double.pt2")).module()
+""")
+    loaded = loaded_model.load(str(tmp_path), torch.device("cpu"))
+    assert torch.equal(loaded.predict_data(torch.ones(1, 2)), torch.full((1, 2), 2.0))
+
+
 # ---------------------------------------------------------------- transform_fn
 
 
