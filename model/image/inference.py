@@ -48,11 +48,11 @@ MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
 
-def input_fn(body: bytes, content_type: str):
+def input_fn(body: bytes | str, content_type: str):
     kind = content_type.split(";")[0].strip().lower()
     if kind in IMAGE_TYPES:
         files = [body]
-    elif kind == "application/json" and b'"b64"' in body:
+    elif kind == "application/json" and ('"b64"' if isinstance(body, str) else b'"b64"') in body:  # str: as the toolkit hands JSON
         files = _base64_files(body)
     else:
         return NotImplemented  # the server's codecs: .npy, CSV, JSON tensors of prepared pixels
@@ -64,7 +64,7 @@ def input_fn(body: bytes, content_type: str):
     return (pixels.float().div_(255) - MEAN) / STD
 
 
-def _base64_files(body: bytes) -> list[bytes]:
+def _base64_files(body: bytes | str) -> list[bytes]:
     document = json.loads(body)
     instances = document.get("instances") if isinstance(document, dict) else None
     if not isinstance(instances, list) or not all(isinstance(i, dict) and isinstance(i.get("b64"), str)

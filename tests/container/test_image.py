@@ -213,6 +213,33 @@ def test_model_code_may_start_processes_while_loading(start_container, model_cop
     assert _decode("text/csv", response.content).argmax(axis=1).tolist() == labels.tolist()
 
 
+@pytest.mark.container
+def test_a_script_built_on_sagemaker_inference_serves_from_the_image(start_container, model_copy, one_of_each_digit):
+    """Scripts written for AWS's PyTorch containers import the toolkit's package; the
+    image carries it (issue 47), and its decoder reads the CSV body handed as a str."""
+    samples, labels = one_of_each_digit
+    model_dir = model_copy(
+        "import os\n\nimport torch\n"
+        "from sagemaker_inference import content_types, decoder, default_inference_handler, encoder, errors\n\n\n"
+        "def model_fn(model_dir):\n"
+        "    return torch.export.load(os.path.join(model_dir, 'model.pt2')).module()\n\n\n"
+        "def input_fn(body, content_type):\n"
+        "    if content_type != content_types.CSV:\n"
+        "        raise errors.GenericInferenceToolkitError(415, 'send CSV')\n"
+        "    return torch.from_numpy(decoder.decode(body, content_type)).float()\n\n\n"
+        "def output_fn(prediction, accept):\n"
+        "    return encoder.encode(prediction.detach().numpy(), content_types.CSV), content_types.CSV\n"
+    )
+    container = start_container(model_dir)
+    response = requests.post(container.url("/invocations"), data=_encode("text/csv", samples),
+                             headers={"Content-Type": "text/csv"}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert np.loadtxt(io.StringIO(response.text), delimiter=",").argmax(axis=1).tolist() == labels.tolist()
+    refused = requests.post(container.url("/invocations"), data=b"{}", headers={"Content-Type": "application/json"},
+                            timeout=60)
+    assert refused.status_code == 415 and refused.json() == {"error": "input_fn: send CSV"}, refused.text
+
+
 @pytest.fixture
 def slow_model_dir(model_copy) -> Path:
     """The example model with a predict_fn that sleeps, so requests stay in flight long

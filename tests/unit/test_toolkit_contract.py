@@ -4,6 +4,9 @@ transform_fn's exclusivity, the default model file rules, and its settings."""
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
 import torch
 
@@ -59,6 +62,15 @@ def test_a_program_outside_the_code_folder_stops_serve(value):
         Settings.from_env({"SAGEMAKER_PROGRAM": value})
 
 
+def test_a_named_script_that_is_missing_stops_a_single_model_and_only_warns_for_one_of_many(tmp_path):
+    write(tmp_path / "code" / "inference.py", "")
+    script = toolkit.Script("predictor.py")
+    with pytest.raises(ModelLoadError, match=r"SAGEMAKER_PROGRAM=predictor.py .* holds inference.py"):
+        load_hooks(str(tmp_path), script)
+    assert load_hooks(str(tmp_path), script, single=False).model_fn is None
+    assert toolkit.Script().missing(str(tmp_path / "nowhere")) is None  # no script named: a model without hooks
+
+
 # ---------------------------------------------------------------- the context by arity
 
 
@@ -99,6 +111,35 @@ def model_warmup_fn(model_dir, model, context):
     assert loaded.metadata.platform == "pytorch_custom"
 
 
+
+@pytest.mark.parametrize("predict_fn", [False, True])
+def test_without_predict_fn_model_fns_model_is_put_in_eval_mode_as_the_toolkits_default_runs_it(tmp_path, predict_fn):
+    write(tmp_path / "code" / "inference.py", """
+import torch
+TRAINING = []
+def model_fn(model_dir):
+    return torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+def model_warmup_fn(model_dir, model):
+    TRAINING.append(model.training)  # as model_fn made it: the toolkit sets the mode per request
+""" + ("def predict_fn(data, model):\n    return model(data)\n" if predict_fn else ""))
+    loaded = loaded_model.load(str(tmp_path), torch.device("cpu"))
+    import inference
+
+    assert inference.TRAINING == [True]
+    assert loaded.model.training is predict_fn  # with a predict_fn, the mode is the script's
+
+
+def test_an_exported_module_from_model_fn_loads_without_a_mode_to_set(tmp_path):
+    torch.export.save(torch.export.export(Double(), (torch.zeros(1, 2),)), str(tmp_path / "double.pt2"))
+    write(tmp_path / "code" / "inference.py", """
+import os, torch
+def model_fn(model_dir):
+    return torch.export.load(os.path.join(model_dir, "double.pt2")).module()
+""")
+    loaded = loaded_model.load(str(tmp_path), torch.device("cpu"))
+    assert torch.equal(loaded.predict_data(torch.ones(1, 2)), torch.full((1, 2), 2.0))
+
+
 # ---------------------------------------------------------------- transform_fn
 
 
@@ -126,14 +167,48 @@ def test_transform_fn_becomes_the_three_steps_and_runs_alone():
     class Context:
         headers = {"Accept": "*/*"}
 
-    request = hooks.input_fn(b"[1]", "application/json", Context())
+    # The body as the server hands it (a str for JSON and CSV: text_body), carried over.
+    request = hooks.input_fn("[1]", "application/json", Context())
     assert hooks.predict_fn(request, "model", None) == ("answer", "text/csv")
-    # JSON and CSV bodies as str, as the toolkit hands them; any other as bytes.
     hooks.predict_fn(hooks.input_fn(b"\x89PNG", "image/png", Context()), "model", None)
     assert calls == [("model", "[1]", "application/json", "text/csv"), ("model", b"\x89PNG", "image/png", "text/csv")]
     assert hooks.output_fn(("answer", "text/csv"), "application/json") == ("answer", "text/csv")
     with pytest.raises(BadRequest, match="transform_fn.*not as KServe v2"):  # decoded tensors have no body
         hooks.predict_fn({"input": torch.zeros(1)}, "model", None)
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/csv", "application/json; charset=utf-8",
+                                          "Application/JSON", "text/plain", "application/x-npy", ""])
+def test_the_body_is_a_str_exactly_where_the_toolkits_transformer_decodes_it(content_type):
+    from sagemaker_inference import content_types
+
+    body = toolkit.text_body(b"[1]", content_type, "input_fn")
+    assert body == ("[1]" if content_type in content_types.UTF8_TYPES else b"[1]")
+    if content_type in content_types.UTF8_TYPES:
+        with pytest.raises(BadRequest, match="not UTF-8.*input_fn"):
+            toolkit.text_body(b"\xff", content_type, "input_fn")
+
+
+@pytest.mark.parametrize("value", [{"a": [1, 2.5]}, [1, "x"], 3.5, 7, True, None, "h\u00e9", b"\x00", bytearray(b"ab"),
+                                   torch.arange(3), ("a", "text/csv"), ({"a": 1}, "application/x-custom")])
+def test_an_answer_is_written_as_torchserve_writes_it(value):
+    from tests.helpers.toolkit_reference import torchserve_body
+
+    body, media = toolkit.written(value, "application/json")
+    answer, expected_media = value if isinstance(value, tuple) else (value, "application/json")
+    assert media == expected_media
+    if isinstance(answer, torch.Tensor):  # torch.save's zip names its folder after nothing fixed: read it back
+        assert torch.equal(torch.load(io.BytesIO(body), weights_only=True), answer)
+    else:
+        assert (200, body) == torchserve_body(answer)
+
+
+def test_an_answer_neither_json_nor_a_buffer_can_write_says_what_to_return():
+    assert toolkit.written(np.arange(3, dtype=np.int32), "application/x-raw") == (
+        np.arange(3, dtype=np.int32).tobytes(), "application/x-raw")
+    for value in ({1, 2}, ("only",), {"a": np.float32(1)}, ("body", 415)):
+        with pytest.raises(ValueError, match="it returned a"):
+            toolkit.written(value, "application/json")
 
 
 # ---------------------------------------------------------------- default loading

@@ -56,6 +56,8 @@ def jsonable(array: np.ndarray):
     """What orjson can write for this array: itself (C-ordered, native byte order), or
     for text and float16, a list (text as str, float16 with its own shortest digits)."""
     if fast(array):
+        if array.ndim == 0:  # one number (a predict_fn's `.numpy()[0]`): orjson writes numpy's scalars, not 0-d arrays
+            return array[()]
         native = array.dtype.newbyteorder("=")
         if array.dtype != native or not array.flags.c_contiguous:
             array = np.ascontiguousarray(array, dtype=native)

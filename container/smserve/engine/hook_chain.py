@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from smserve.engine import batchable, main_lane
+from smserve.engine import batchable, main_lane, toolkit
 from smserve.engine.hooks import hook_error
 from smserve.engine.passes import records_in
 
@@ -102,17 +102,20 @@ class HookChain:
 
 def _run_input_fn(model, message, context, processes=None):
     """On a hook thread: the user's input_fn, its failure named (context: None for an
-    input_fn that takes none); in a hook process of the model's where it has them."""
+    input_fn that takes none); in a hook process of the model's where it has them. The
+    body is a str for the toolkit's UTF-8 types, as the toolkit hands it over."""
     model.bind_thread()
     hooks = model.hooks
+    name = hooks.named("input_fn")
     try:
-        if processes is not None:
+        if processes is not None:  # the process decodes the body, off this worker's GIL
             return processes.input_fn(message.body, message.content_type, context)
+        body = toolkit.text_body(message.body, message.content_type, name)
         if context is not None:
-            return hooks.input_fn(message.body, message.content_type, context)
-        return hooks.input_fn(message.body, message.content_type)
+            return hooks.input_fn(body, message.content_type, context)
+        return hooks.input_fn(body, message.content_type)
     except Exception as e:  # noqa: BLE001 - every failure is answered, naming the hook
-        raise hook_error("input_fn", e, client_fault=True) from e
+        raise hook_error(name, e, client_fault=True) from e
 
 
 def _run_output_fn(model, prediction, accept: str, context, processes=None) -> tuple[bytes, str]:
@@ -120,6 +123,7 @@ def _run_output_fn(model, prediction, accept: str, context, processes=None) -> t
     an output_fn that takes none); in a hook process of the model's where it has them."""
     model.bind_thread()
     hooks = model.hooks
+    name = hooks.named("output_fn")
     try:
         if processes is not None:
             result = processes.output_fn(prediction, accept, context)
@@ -127,17 +131,8 @@ def _run_output_fn(model, prediction, accept: str, context, processes=None) -> t
             result = hooks.output_fn(prediction, accept, context)
         else:
             result = hooks.output_fn(prediction, accept)
+        if result is NotImplemented:  # the built-in encoders answer this Accept
+            return result
+        return toolkit.written(result, accept)
     except Exception as e:  # noqa: BLE001
-        raise hook_error("output_fn", e, client_fault=False) from e
-    if result is NotImplemented:  # the built-in encoders answer this Accept
-        return result
-    body, media = result if isinstance(result, tuple) else (result, accept)
-    if isinstance(body, str):
-        return body.encode(), media
-    try:
-        # Through a buffer, never bytes(body): bytes(n) of an int (or a one-element
-        # tensor) is n zero bytes, an allocation the value chooses.
-        return memoryview(body).tobytes(), media
-    except (TypeError, ValueError, BufferError):
-        raise hook_error("output_fn", TypeError(f"it returned a {type(body).__name__}: return bytes or a str, "
-                                                "or (body, content type)"), client_fault=False) from None
+        raise hook_error(name, e, client_fault=False) from e

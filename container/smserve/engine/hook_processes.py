@@ -346,6 +346,10 @@ def _answer(hooks, hook: str, args: tuple, context, held: list[int]) -> tuple:
         function = getattr(hooks, hook)
         if hook == "output_fn":
             args = (restored(args[0]), args[1])
+        elif hook == "input_fn":  # decoded here, off the worker's GIL
+            from smserve.engine import toolkit  # imported by _serve already: a look-up
+
+            args = (toolkit.text_body(args[0], args[1], hooks.named(hook)), args[1])
         value = function(*args, context) if context is not None else function(*args)
     except BaseException as e:  # noqa: BLE001 - the worker names the hook and answers
         answer = (False, _portable(e))

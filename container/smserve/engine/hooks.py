@@ -108,6 +108,10 @@ class Hooks:
                 setattr(self, name, _context_by_keyword(fn))
             setattr(self, name.replace("_fn", "_context"), True)
 
+    def named(self, step: str) -> str:
+        """The hook a step's failure is named after: transform_fn where it does the step."""
+        return "transform_fn" if self.transform_fn is not None else step
+
     @property
     def wants_context(self) -> bool:
         return self.input_context or self.predict_context or self.output_context
@@ -216,6 +220,10 @@ def hook_error(hook: str, error: Exception, client_fault: bool) -> HTTPError:
     otherwise."""
     if isinstance(error, HTTPError):
         return error
+    answer = toolkit.error_status(error, hook)
+    if answer is not None:  # the status the script chose, as the toolkit answers it
+        answer.__cause__ = error
+        return answer
     described = f"{type(error).__name__}: {error}{missing_package_hint(error)}"
     if client_fault and not server_fault(error):
         # The client's answer (and the route's 4xx line) says why; the traceback is for
@@ -254,9 +262,11 @@ def load_hooks(model_dir: str, script: toolkit.Script | None = None, single: boo
     script = script or toolkit.Script()
     path = script.path(model_dir, single)
     if path is None:
-        if script.program != SCRIPT:
-            log.warning("SAGEMAKER_PROGRAM=%s but neither %s/%s nor %s holds it: the model has no hooks",
-                        script.program, model_dir, CODE_DIR, script.submit_dir or "SAGEMAKER_SUBMIT_DIRECTORY")
+        missing = script.missing(model_dir, single)
+        if missing and single:
+            raise ModelLoadError(missing)
+        if missing:  # one of many models: each brings its own code/, or none
+            log.warning("%s: this model has no hooks", missing)
         return Hooks(default_accept=script.default_accept)
     code_dir = os.path.dirname(path)
     shown = os.path.relpath(path, model_dir) if path.startswith(os.path.join(model_dir, "")) else path

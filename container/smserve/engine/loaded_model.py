@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from smserve.errors import BadRequest, HTTPError, ServerError
-from smserve.engine import artifacts, batchable, derived
+from smserve.engine import artifacts, batchable, derived, toolkit
 from smserve.engine.conversion import converting, to_numpy
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
 from smserve.engine.hooks import Hooks, load_hooks, missing_package_hint, run_load_hook
@@ -192,7 +192,9 @@ class LoadedModel:
                 except Exception as e:
                     # Named for the answer; logged by whoever answers (a batched pass
                     # that fails is run again request by request first).
-                    raise ServerError(f"predict_fn failed: {type(e).__name__}: {e}{missing_package_hint(e)}") from e
+                    name = self.hooks.named("predict_fn")
+                    raise (toolkit.error_status(e, name) or ServerError(
+                        f"{name} failed: {type(e).__name__}: {e}{missing_package_hint(e)}")) from e
             # A dict's tensors are the model's inputs by name (in its order), a tuple's
             # by position; anything else is its one argument (a list of images too).
             if isinstance(data, dict):
@@ -432,7 +434,7 @@ def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mo
     if hooks.pre_model_fn is not None:
         run_load_hook(hooks, "pre_model_fn", model_dir, device)
     if hooks.model_fn is not None:
-        # As in SageMaker's toolkit, model_fn owns its model's device and mode.
+        # model_fn's model as it returns it: a predict_fn runs it as it likes.
         model = run_load_hook(hooks, "model_fn", model_dir, device)
         platform = "pytorch_custom"
     elif os.path.exists(os.path.join(model_dir, EXPORTED)):
@@ -455,6 +457,12 @@ def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mo
         )
     if hooks.model_warmup_fn is not None:
         run_load_hook(hooks, "model_warmup_fn", model_dir, device, model)
+    if hooks.model_fn is not None and hooks.predict_fn is None and isinstance(model, torch.nn.Module):
+        # As the toolkit's default predict_fn runs it: in eval mode (an exported
+        # program's module has none to set), on the device.
+        with contextlib.suppress(NotImplementedError):
+            model.eval()
+        model = model.to(device)
     if metadata is None:
         metadata = ModelMetadata(platform=platform)
     elif metadata.platform == ModelMetadata.platform:

@@ -11,7 +11,12 @@ by birth, so that a script written for AWS's PyTorch containers runs here unchan
 - `pre_model_fn(model_dir[, context])` before model_fn, `model_warmup_fn(model_dir,
   model[, context])` after it;
 - the context's `system_properties` (`model_dir`, `gpu_id`), as the toolkit's model
-  server fills them.
+  server fills them;
+- the body input_fn and transform_fn get: a str for its UTF-8 types, else bytes;
+- what output_fn and transform_fn may answer, written as TorchServe writes it: bytes as
+  they are, a str as UTF-8, a tensor torch.save'd, anything else as JSON; or a
+  (body, content type) tuple;
+- what a hook raises as sagemaker_inference's own errors: the status they carry.
 
 No torch here: the gunicorn master reads the script's location too.
 """
@@ -19,16 +24,25 @@ No torch here: the gunicorn master reads the script's location too.
 from __future__ import annotations
 
 import inspect
+import io
+import json
 import os
+import sys
 from dataclasses import dataclass
 
-from smserve.errors import BadRequest
+from smserve.core import media
+from smserve.errors import BadRequest, HTTPError
 
 DEFAULT_PROGRAM = "inference.py"
 CODE_DIR = "code"
+# The Content-Types whose body the toolkit hands input_fn and transform_fn as a str
+# (sagemaker_inference.content_types.UTF8_TYPES, compared whole, parameters and all).
+UTF8_TYPES = (media.JSON, media.CSV)
+# TorchServe's JSON for an answer that is neither bytes nor a str (otf_message_handler).
+ANSWER_JSON_INDENT = 2
+# The files of code/ a missing script's message names: enough to spot a misspelling.
+SHOWN_FILES = 20
 # Each hook's arguments before the optional context, as the toolkit calls it.
-# The request types whose body the toolkit hands transform_fn as a str, not bytes.
-TEXT_TYPES = ("application/json", "text/csv")
 ARITY = {"model_fn": 1, "pre_model_fn": 1, "model_warmup_fn": 2, "input_fn": 2, "predict_fn": 2,
          "output_fn": 2, "transform_fn": 4}
 
@@ -50,6 +64,24 @@ class Script:
         if single and self.submit_dir:
             candidates.append(os.path.join(self.submit_dir, self.program))
         return next((path for path in candidates if os.path.isfile(path)), None)
+
+    def missing(self, model_dir: str, single: bool = True) -> str | None:
+        """Why the model cannot serve: SAGEMAKER_PROGRAM names a script that is not there
+        (served without the hooks it was written for, a model answers raw outputs).
+        None when the script is there, or when no script was named (the default's
+        absence means a model without hooks)."""
+        if self.program == DEFAULT_PROGRAM or self.path(model_dir, single) is not None:
+            return None
+        code = os.path.join(model_dir, CODE_DIR)
+        if os.path.isdir(code):
+            held = sorted(os.listdir(code))
+            shown = ", ".join(held[:SHOWN_FILES]) + (" ..." if len(held) > SHOWN_FILES else "")
+            holds = f"{code} holds {shown}" if held else f"{code} is empty"
+        else:
+            holds = f"there is no {code} folder"
+        where = f" nor {self.submit_dir}" if single and self.submit_dir else ""
+        return (f"SAGEMAKER_PROGRAM={self.program} names a script that neither {code}{where} holds ({holds}): "
+                "put it there, or set SAGEMAKER_PROGRAM to the script's file name")
 
     @property
     def module_name(self) -> str:
@@ -102,18 +134,16 @@ class TransformRequest:
 
 def from_transform_fn(transform_fn, default_accept: str) -> dict:
     """input_fn, predict_fn and output_fn that together are transform_fn: the first
-    carries the body over, the second runs transform_fn where the model runs (the
-    inference thread, so a GPU model gets its device and stream), the third hands its
-    answer back as the toolkit does (a (body, content type) tuple, or the body in the
-    Accept's type)."""
+    carries the body over (a str already, where the toolkit decodes it: text_body), the
+    second runs transform_fn where the model runs (the inference thread, so a GPU model
+    gets its device and stream), the third hands its answer back as the toolkit does (a
+    (body, content type) tuple, or the body in the Accept's type)."""
     with_context = takes_context(transform_fn, "transform_fn")
 
     def input_fn(body, content_type, context):
         accept = context.headers.get("Accept")
         if not accept or accept.strip() == "*/*":
             accept = default_accept
-        if content_type.split(";")[0].strip().lower() in TEXT_TYPES:
-            body = bytes(body).decode("utf-8")  # as the toolkit hands these over (a bad byte: 400)
         return TransformRequest(body, content_type, accept)
 
     def predict_fn(request, model, context):
@@ -128,3 +158,58 @@ def from_transform_fn(transform_fn, default_accept: str) -> dict:
         return answer
 
     return {"input_fn": input_fn, "predict_fn": predict_fn, "output_fn": output_fn}
+
+
+def text_body(body, content_type: str, hook: str):
+    """The body as the toolkit hands input_fn and transform_fn it: decoded from UTF-8
+    for its UTF-8 types, else as it came. A body that is not UTF-8 is a 400."""
+    if content_type not in UTF8_TYPES:
+        return body
+    try:
+        return str(body, "utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"the body is not UTF-8 (byte {e.start}), which a {content_type} body must be: {hook} "
+                         "reads it as text") from None
+
+
+def written(answer, accept: str) -> tuple[bytes, str]:
+    """What output_fn or transform_fn returned, as (body, content type): a (body, content
+    type) tuple as the toolkit's transformer reads one, its body as TorchServe writes it.
+    An array, or any other buffer JSON cannot write, as its bytes. Else a ValueError
+    that says what to return."""
+    content_type = accept
+    if isinstance(answer, tuple):
+        if len(answer) < 2:
+            raise ValueError(f"it returned a tuple of {len(answer)}: return (body, content type)")
+        answer, content_type = answer[0], answer[1] or accept
+        if not isinstance(content_type, str):
+            raise ValueError(f"it returned a {type(content_type).__name__} as the content type: return (body, a str)")
+    if isinstance(answer, (bytes, bytearray, memoryview)):
+        return bytes(answer), content_type
+    if isinstance(answer, str):
+        return answer.encode("utf-8"), content_type
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(answer, torch.Tensor):
+        out = io.BytesIO()
+        torch.save(answer, out)
+        return out.getvalue(), content_type
+    try:
+        return json.dumps(answer, indent=ANSWER_JSON_INDENT).encode("utf-8"), content_type
+    except (TypeError, ValueError):
+        pass
+    try:
+        # Through a buffer, never bytes(answer): bytes(n) of an int is n zero bytes.
+        return memoryview(answer).tobytes(), content_type
+    except (TypeError, ValueError, BufferError):
+        raise ValueError(f"it returned a {type(answer).__name__}, which neither JSON nor a buffer can write: "
+                         "return bytes, a str, or a value JSON can carry (or a (body, content type) tuple)") from None
+
+
+def error_status(error: BaseException, hook: str) -> HTTPError | None:
+    """sagemaker_inference's BaseInferenceToolkitError, raised by a hook, answers with the
+    status it carries, as the toolkit's transformer answers it; None for any other error."""
+    errors = sys.modules.get("sagemaker_inference.errors")
+    if errors is None or not isinstance(error, errors.BaseInferenceToolkitError):
+        return None
+    status = error.status_code if isinstance(error.status_code, int) and 400 <= error.status_code < 600 else 500
+    return HTTPError(f"{hook}: {error.message}", status)
