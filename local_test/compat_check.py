@@ -35,12 +35,14 @@ import os
 import sys
 import tarfile
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from local_test.server_process import HTTPProcess, ServerProcess, free_port
 
@@ -235,11 +237,33 @@ def run(model: Path, requests_dir: Path, concurrency: int = 1, repeat: int = 1, 
             with ThreadPoolExecutor(concurrency) as pool:
                 ref_answers = list(pool.map(lambda r: send(reference.url, r), work))
                 our_answers = list(pool.map(lambda r: send(ours.url, r), work))
+            batching = our_batching(ours.url, logs / "here.log", len(work))
         finally:
             for side in started:
                 side.terminate(timeout=20)
     rows = [(r.name, a, b, first_difference(a, b, rtol, atol)) for r, a, b in zip(work, ref_answers, our_answers)]
-    return rows, all(diff is None for *_, diff in rows)
+    return rows, all(diff is None for *_, diff in rows), batching
+
+
+def our_batching(url: str, log: Path, sent: int) -> str:
+    """What this server said of batching at start (and later, if a trial turned it off),
+    and how many forward passes its answers took: fewer passes than requests is batching."""
+    said = [line.split("batching", 1)[1].strip(" :") for line in log.read_text(errors="replace").splitlines()
+            if "batching: " in line or "batching off: " in line]
+    passes = records = 0
+    deadline = time.monotonic() + 5
+    while True:  # each worker writes its counts at least once a second
+        text = requests.get(url + "/metrics", timeout=10).text
+        passes = records = 0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                passes += sample.value if sample.name == "smserve_batches_total" else 0
+                records += sample.value if sample.name == "smserve_inferences_total" else 0
+        if passes >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return (f"this server: {sent} requests in {int(passes)} forward passes ({int(records)} records); "
+            f"batching {' / '.join(said) or 'not said'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,9 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--concurrency and --repeat are at least 1")
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
-    rows, equal = run(args.model, args.requests, args.concurrency, args.repeat, dict(e.split("=", 1) for e in args.env),
+    rows, equal, batching = run(args.model, args.requests, args.concurrency, args.repeat, dict(e.split("=", 1) for e in args.env),
                       args.rtol, args.atol, args.logs)
     print(table(rows))
+    print(f"\n{batching}")
     differing = sum(diff is not None for *_, diff in rows)
     print(f"\n{len(rows) - differing} of {len(rows)} answers equal" + ("" if equal else f"; {differing} differ"))
     return 0 if equal else 1

@@ -17,19 +17,7 @@ from tests.compat.corpus import ENTRIES, materialize
 
 # The entries that differ today, and why: each is a fix under way on this server's side.
 # strict: once a fix lands, its entry passes, and this list must lose it.
-DIFFER_TODAY = {
-    "csv_splitlines": "input_fn gets bytes for text/csv where the toolkit gives a str: "
-                      "request_body.splitlines() then line.split(',') fails (400)",
-    "mlflow_codec": "input_fn gets bytes for text/csv where the toolkit gives a str: "
-                    "sagemaker_inference's decoder.decode reads CSV from a str only (400)",
-    "mme_training_mode": "without a predict_fn the model is not put in eval mode (nor under no_grad) as the "
-                         "toolkit's default predict_fn does: model_fn's training-mode dropout stays on",
-    "toolkit_mnist_defaults": "without a predict_fn the model is not put in eval mode (nor under no_grad) as the "
-                              "toolkit's default predict_fn does: its dropout stays on",
-    "notes_output_dict": "an output_fn that returns a dict is refused (500); TorchServe answers it as JSON",
-    "scalar_predict_default_output": "the default output_fn refuses a predict_fn's plain number (500); "
-                                     "the toolkit's encodes it as JSON",
-}
+DIFFER_TODAY: dict[str, str] = {}
 # The PyTorch containers' batching settings (a DLC endpoint's environment), and enough
 # requests in flight to fill a batch.
 DLC_BATCHING = ["--env", "SAGEMAKER_TS_BATCH_SIZE=8", "--env", "SAGEMAKER_TS_MAX_BATCH_DELAY=50",
