@@ -303,7 +303,8 @@ def _registry_auth(challenge: str, repository: str, username: str | None, passwo
         token = base64.b64encode(f"{username}:{password}".encode()).decode()
         return {"Authorization": f"Basic {token}"}
     if scheme.lower() == "bearer":
-        fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
+        # A name starts a word: no search from inside one (quadratic in a long one).
+        fields = dict(re.findall(r'(?<!\w)(\w+)="([^"]*)"', params))
         if not fields.get("realm"):
             return None  # no token service named: nothing to ask for a token
         query = {"service": fields.get("service", ""), "scope": fields.get("scope") or f"repository:{repository}:pull"}

@@ -22,6 +22,7 @@ import pickle
 import socket
 import struct
 import time
+import zipfile
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,6 +30,7 @@ import numpy as np
 import pytest
 
 from local_test.server_process import ServerProcess, copy_model
+from smserve.codecs.records.csvrows import MAX_CELL_BYTES
 from tests.helpers.servers import start_all, wait_until, worker_pids
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
@@ -261,10 +263,25 @@ def npy_bytes(header_dict_text: str, data: bytes = b"") -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text + data
 
 
+def npy_v2_bytes(header_text: str) -> bytes:
+    """A .npy v2.0 header (its length in 4 bytes: any length), as written, no data."""
+    text = header_text.encode("latin-1")
+    return b"\x93NUMPY\x02\x00" + struct.pack("<I", len(text)) + text
+
+
+def npz_of(member: bytes) -> bytes:
+    """A compressed .npz holding one member, x.npy."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("x.npy", member)
+    return out.getvalue()
+
+
 def npy_post(payload: bytes) -> bytes:
     return post("/invocations", payload, "application/x-npy")
 
 
+UNCLOSED_NPY_HEADER = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 64)" + " " * 200_000
 DIGIT_BLOB = np.asarray([PIXELS], dtype=np.float32).tobytes()
 GOOD_HEADER = v2_header([1, 64])
 CHUNKED_HEAD = b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -358,6 +375,12 @@ def _cases() -> list[Case]:
         Case("npy-v2-header-length-4GB", npy_post(b"\x93NUMPY\x02\x00\xff\xff\xff\xff{'descr'")),
         Case("npy-descr-bogus", npy_post(npy_bytes("{'descr': '<f999999999', 'fortran_order': False, "
                                                    "'shape': (1, 64), }", b"\0" * 16))),
+        # ---- issue #45: a long run where a pattern backtracked (minutes of the worker's GIL)
+        Case("npy-header-200kB-blanks-unclosed", npy_post(npy_v2_bytes(UNCLOSED_NPY_HEADER))),
+        Case("npz-member-header-200kB-blanks-unclosed",
+             post("/invocations", npz_of(npy_v2_bytes(UNCLOSED_NPY_HEADER)), "application/x-npz")),
+        # The longest cell that is read (a longer one is refused unread).
+        Case("csv-cell-of-digits-then-junk", post("/invocations", b"1" * (MAX_CELL_BYTES - 1) + b"x\n", "text/csv")),
         Case("json-nesting-100000", json_body("[" * 100_000 + "]" * 100_000)),
         Case("jsonlines-nesting-100000",
              post("/invocations", b"[" * 100_000 + b"]" * 100_000 + b"\n", "application/jsonlines")),

@@ -34,11 +34,13 @@ _ENTRY = {
     "fortran_order": _ORDER,
     "shape": _SHAPE,
 }
-# numpy's order (keys sorted); other orders go to numpy's reader.
+# numpy's order (keys sorted); other orders go to numpy's reader. No two quantifiers
+# here may take the same byte (as `\s*,?\s*` would): the match stays linear in the
+# header's length, whatever a client pads it with.
 _HEADER = re.compile(
     r"\{\s*"
     + r"\s*,\s*".join(rf"""['"]{key}['"]\s*:\s*{value}""" for key, value in _ENTRY.items())
-    + r"\s*,?\s*\}\s*"
+    + r"\s*(?:,\s*)?\}\s*"
 )
 
 

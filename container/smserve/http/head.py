@@ -27,8 +27,10 @@ _METHODS = rb"GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH"
 # gunicorn reads specially), ending in HTTP/1.0 or HTTP/1.1.
 _REQUEST_LINE = re.compile(rb"(" + _METHODS + rb") (/(?!/)[!-\"$-~]*) HTTP/1\.([01])\r\n")
 # RFC 9110's token for a name; a value of field-vchar, SP and HTAB (obs-text included,
-# as gunicorn takes it), its surrounding blanks dropped as gunicorn drops them.
-_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):([\t\x20-\x7e\x80-\xff]*)\r\n")
+# as gunicorn takes it), its surrounding blanks dropped as gunicorn drops them. A field
+# starts a line (only those cover the head): the search tries no start inside a line,
+# each of which would scan that line's rest again (quadratic in a long line).
+_FIELD = re.compile(rb"(?<=\n)([!#$%&'*+\-.^_`|~0-9A-Za-z]+):([\t\x20-\x7e\x80-\xff]*)\r\n")
 _BLANKS = b" \t"
 
 # Peers whose trust for forwarded headers is known (the answer depends only on the

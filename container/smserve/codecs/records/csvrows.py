@@ -17,8 +17,10 @@ from smserve.codecs.records.text import BLANK, BLANK_BYTES, spans
 from smserve.errors import BadRequest
 
 # The plain spelling of a number, which np.loadtxt and float() read alike; any other
-# cell (other whitespace, nan, inf, junk) is judged by np.loadtxt itself.
-_FINITE = re.compile(r"[ \t]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*")
+# cell (other whitespace, nan, inf, junk) is judged by np.loadtxt itself. The fraction's
+# digits follow a point, never the integer's digits directly: a long cell of digits and
+# then junk is refused in linear time, not quadratic.
+_FINITE = re.compile(r"[ \t]*[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*")
 _NON_FINITE = re.compile(r"\s*[+-]?(?:nan|inf|infinity)\s*", re.IGNORECASE)
 
 #
