@@ -24,6 +24,7 @@ import torch
 from local_test.server_process import ServerProcess
 from tests.helpers.models import echo_hooks, model_dir_with
 from tests.helpers.servers import start_all, wait_until, worker_pids
+from tests.helpers.unsafe_archives import unsafe_export
 
 PIXELS = [[float(i % 17) for i in range(64)]]
 MME = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
@@ -209,6 +210,16 @@ def test_a_broken_model_is_400_and_the_others_go_on(servers, models):
         requests.delete(server.url + "/models/broken")
     finally:
         requests.delete(server.url + "/models/c")
+
+
+def test_a_model_pt2_that_would_unpickle_is_400_and_runs_nothing(servers, models):
+    server, marker = servers["api"], models / "pickled-ran"
+    unsafe_export(models / "pickled", "pickled_weight", marker)
+    r = load(server, "pickled", models / "pickled")
+    assert r.status_code == 400 and "never unpickles" in r.json()["error"], r.text
+    assert not marker.exists()
+    assert requests.get(server.url + "/models/pickled").status_code == 404
+    assert requests.get(server.url + "/ping").status_code == 200
 
 
 def test_no_room_is_507_and_a_load_that_fits_after_an_unload(servers, models):

@@ -9,6 +9,8 @@ gunicorn master read the constants and ModelLoadError without paying for torch.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import pickletools
 import zipfile
@@ -109,9 +111,87 @@ def torchscript_file(model_dir: str, script: str = "code/inference.py") -> str |
     return os.path.join(model_dir, found[0]) if found else None
 
 
+# What torch.export.load reads of an archive without unpickling, under its one root
+# folder: anything else (a pickled weight or constant, a torchbind or opaque object, an
+# older layout's weights file, an AOTInductor library) is refused before torch reads it.
+_EXPORT_FILES = frozenset((
+    "archive_format", "archive_version", "byteorder", ".data/version", ".data/serialization_id",
+    "models/model.json", "data/sample_inputs/model.pt",
+    "data/weights/model_weights_config.json", "data/constants/model_constants_config.json"))
+_EXTRA = "extra/"  # read as text
+_PAYLOADS = {"data/weights/model_weights_config.json": ("data/weights/", "weight_"),
+             "data/constants/model_constants_config.json": ("data/constants/", "tensor_")}
+_SAMPLE_INPUTS = "data/sample_inputs/model.pt"
+NO_PICKLE = ("the server never unpickles (a pickle runs code): export the model with plain tensors as its "
+             "weights, constants and example inputs, or load it yourself in code/inference.py's model_fn(model_dir)")
+
+
+def check_export_entries(path: str) -> None:
+    """ModelLoadError unless every entry of the torch.export archive at path is one that
+    torch.export.load reads without unpickling: each weight and constant plain tensor
+    bytes its config describes (use_pickle false), nothing else but JSON and text. The
+    example inputs (a torch.save pickle in every archive) are checked by load_exported."""
+    if kind(path) != "export":  # (an older layout: torch would unpickle its weights)
+        raise ModelLoadError(f"{path} is not an archive of torch.export.save in this torch's layout: "
+                             "export the model again with torch.export.save")
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+        root = names[0].split("/", 1)[0] + "/" if names else ""
+        inside = [name[len(root):] for name in names if name.startswith(root)]
+        if len(inside) != len(names) or len(set(inside)) != len(inside):
+            raise ModelLoadError(f"{path}: its entries are not one folder's, each once, as torch.export.save writes them")
+        for name in inside:
+            if name not in _EXPORT_FILES and not name.startswith(_EXTRA) and not _is_payload(name):
+                raise ModelLoadError(f"{path} holds {name!r}, which torch.export.load would unpickle or run, or which "
+                                     f"this server does not know: {NO_PICKLE}")
+        present = set(inside)
+        for config, (folder, prefix) in _PAYLOADS.items():
+            if config not in present:
+                raise ModelLoadError(f"{path} lacks {config}: save it with torch.export.save")
+            try:
+                payloads = json.loads(archive.read(root + config))["config"]
+                items = payloads.items()
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise ModelLoadError(f"{path}: {config} is not the JSON torch.export.save writes") from None
+            for fqn, meta in items:
+                name = meta.get("path_name") if isinstance(meta, dict) else None
+                if (not isinstance(name, str) or meta.get("use_pickle") is not False
+                        or not isinstance(meta.get("tensor_meta"), dict) or not name.startswith(prefix)
+                        or not _is_payload(folder + name) or folder + name not in present):
+                    raise ModelLoadError(f"{path}: {fqn!r} in {config} is not stored as plain tensor bytes "
+                                         f"(use_pickle, or an object's payload): {NO_PICKLE}")
+
+
+def _is_payload(name: str) -> bool:
+    """data/weights/weight_<n> or data/constants/tensor_<n>: raw tensor bytes."""
+    for folder, prefix in _PAYLOADS.values():
+        number = name[len(folder + prefix):]
+        if name.startswith(folder + prefix) and number.isascii() and number.isdigit():
+            return True
+    return False
+
+
+def _check_sample_inputs(path: str) -> None:
+    """torch.export.load unpickles the example inputs with weights_only=True, and on any
+    failure again with weights_only=False: here they must load the safe way, so that
+    torch never falls back."""
+    import torch
+
+    with zipfile.ZipFile(path) as archive:
+        data = archive.read(archive.namelist()[0].split("/", 1)[0] + "/" + _SAMPLE_INPUTS)
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:  # noqa: BLE001 - whatever torch's restricted unpickler refuses
+        raise ModelLoadError(f"{path}: its example inputs ({_SAMPLE_INPUTS}) are not plain tensors "
+                             f"({type(e).__name__}): {NO_PICKLE}") from None
+
+
 def load_exported(path: str):
-    """The torch.export program in path (model.pt2)."""
+    """The torch.export program in path (model.pt2), once its entries prove that loading
+    it unpickles nothing."""
     check(path)
+    check_export_entries(path)
+    _check_sample_inputs(path)
     import torch
 
     from smserve.engine.weights import gil_free_reads

@@ -211,12 +211,13 @@ class MultiModelServer:
             started = time.monotonic()
             server.load()
             if server.status == FAILED:
+                error = server.error  # (close() replaces it)
                 server.close()
                 _clear_torch_caches(set())
                 memory.collect()
                 self.codec_pool.apply(memory.trim)
                 self._failed.add((entry.name, entry.generation))
-                self.shared.ack(entry, self.worker_index, {"ok": False, "error": server.error})
+                self.shared.ack(entry, self.worker_index, {"ok": False, "error": error})
                 return
             footprint = {"host": max(0, memory.rss_bytes() - before)}
             for device, used in memory.gpu_allocated().items():
