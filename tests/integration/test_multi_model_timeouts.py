@@ -108,7 +108,7 @@ def test_an_unload_that_times_out_finishes_when_the_stream_ends_and_may_be_retri
     try:
         assert started.wait(30)
         first = delete(server, "stream")
-        assert first.status_code == 503 and "a DELETE again waits" in first.json()["error"], first.text
+        assert first.status_code == 503 and "error" in first.json(), first.text
         # Retried: it waits for the stream, as the first did, and answers once no worker holds the model.
         second = delete(server, "stream")
         assert second.status_code == 200, second.text
@@ -131,11 +131,20 @@ def test_an_unload_during_a_load_leaves_no_worker_serving_it(server):
         assert wait_until(lambda: marks(folder, "starts") >= 1, timeout=60)
         r = delete(server, "doomed")
         assert r.status_code == 200, r.text
-        # From the 200 on, never served: through the ends of both workers' loads, and after.
-        codes = []
-        while marks(folder, "ends") < marks(folder, "starts") or len(codes) < 20:
-            codes.append(invoke(server, "doomed").status_code)
-        assert set(codes) == {404}, codes
+        # The 200 came once every load under way had ended, and none took the model into service.
+        assert marks(folder, "ends") == marks(folder, "starts") >= 1
+        assert "multi-model: 'doomed' loaded" not in server.log()
+        # From the 200 on, never served: through the ends of both workers' loads, and after
+        # (four callers at once, so that a moment either worker serves it is seen).
+        def calls() -> list[int]:
+            codes = []
+            while marks(folder, "ends") < marks(folder, "starts") or len(codes) < 20:
+                codes.append(invoke(server, "doomed").status_code)
+            return codes
+
+        with ThreadPoolExecutor(4) as callers:
+            seen = [code for codes in callers.map(lambda _: calls(), range(4)) for code in codes]
+        assert set(seen) == {404}, sorted(set(seen))
         assert loading.result().status_code == 409
     assert requests.get(server.url + "/models/doomed").status_code == 404
 
