@@ -278,7 +278,10 @@ def test_loads_racing_invokes_and_unloads_of_one_name(servers, models):
             with lock:
                 seen[kind].add(status)
             if kind == "unload":
-                time.sleep(0.3)  # room for a load to finish now and then
+                # Room for a load to finish now and then (an unload waits for a load under
+                # way): until the model serves, or a while, when the next unload lands mid-load.
+                wait_until(lambda: requests.get(server.url + "/models/race", timeout=10).status_code == 200,
+                           timeout=2)
 
     calls = {
         "load": lambda: load(server, "race", models / "race"),
