@@ -1,5 +1,6 @@
 """Genuine torch.export archives changed, each in one way, so that torch.export.load
-would run a pickle's code: the code creates a marker file (open(marker, "w"))."""
+would run code, a pickle's or an expression's: it creates a marker file (open(marker,
+"w")). foreign_target's graph would run code at its first forward pass instead."""
 
 from __future__ import annotations
 
@@ -84,15 +85,39 @@ def legacy_weights(entries: dict, marker: Path) -> None:
     entries["data/weights/model.pt"] = _saved(marker)
 
 
-CHANGES = {f.__name__: f for f in (pickled_weight, opaque_constant, pickled_sample_inputs, legacy_weights)}
+def _graph_values(entries: dict, field: str, change) -> None:
+    """Every value of `field` in the graph (models/model.json) through change(value)."""
+    def walk(value):
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if isinstance(value, dict):
+            return {k: change(v) if k == field and isinstance(v, str) else walk(v) for k, v in value.items()}
+        return value
+
+    entries["models/model.json"] = json.dumps(walk(json.loads(entries["models/model.json"]))).encode()
+
+
+def evaluated_shape(entries: dict, marker: Path) -> None:
+    """A symbolic shape's expression that is Python (torch reads it with sympy.sympify, an eval)."""
+    _graph_values(entries, "expr_str", lambda expr: f"(__import__('builtins').open({str(marker)!r}, 'w') and {expr})")
+
+
+CHANGES = {f.__name__: f for f in (pickled_weight, opaque_constant, pickled_sample_inputs, legacy_weights,
+                                   evaluated_shape)}
+
+
+def foreign_target(entries: dict, marker: Path) -> None:
+    """A graph node calling what torch resolves from its own module's attributes (torch.os.system)."""
+    _graph_values(entries, "target", lambda target: "torch.os.system" if target.endswith("linear.default") else target)
 
 
 def unsafe_export(folder: Path, change: str, marker: Path) -> Path:
     """folder/model.pt2: a genuine export of Small, changed by CHANGES[change]."""
     folder.mkdir(parents=True, exist_ok=True)
     clean = folder / "clean.pt2"
-    torch.export.save(torch.export.export(Small(), (torch.zeros(1, 3),)), str(clean))
+    batch = torch.export.Dim("batch", max=64)  # (a symbolic shape: its expressions are in the graph)
+    torch.export.save(torch.export.export(Small(), (torch.zeros(2, 3),), dynamic_shapes=({0: batch},)), str(clean))
     path = folder / "model.pt2"
-    _rewrite(clean, path, lambda entries: CHANGES[change](entries, marker))
+    _rewrite(clean, path, lambda entries: {**CHANGES, "foreign_target": foreign_target}[change](entries, marker))
     clean.unlink()
     return path
