@@ -120,6 +120,9 @@ class Settings:
     # unloads them (docs/multi-model.md). None room: measured (engine/multi_model.py).
     multi_model: bool = False
     models_memory_mb: int | None = None
+    # How long POST /models waits for every worker to load a model before it gives the
+    # load up: SageMaker lets a multi-model load run for up to 360 s.
+    model_load_timeout: int = 360
     # POST /models loads only a folder under this one: its url names a folder whose
     # code/inference.py then runs, so only where SageMaker puts models. "/": any folder.
     models_root: str = DEFAULT_MODELS_ROOT
@@ -371,6 +374,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
     "exit_on_load_error": (PREFIX + "EXIT_ON_LOAD_ERROR", _bool),
     "multi_model": ("SAGEMAKER_MULTI_MODEL", _bool),
     "models_memory_mb": (PREFIX + "MODELS_MEMORY_MB", _positive_int),
+    "model_load_timeout": (PREFIX + "MODEL_LOAD_TIMEOUT", _positive_int),
     "models_root": (PREFIX + "MODELS_ROOT", _directory),
     "metrics": (PREFIX + "METRICS", _bool),
     "program": ("SAGEMAKER_PROGRAM", _program),

@@ -24,6 +24,7 @@ import torch
 from local_test.server_process import ServerProcess
 from tests.helpers.models import echo_hooks, model_dir_with
 from tests.helpers.servers import start_all, wait_until, worker_pids
+from tests.helpers.unsafe_archives import unsafe_export
 
 PIXELS = [[float(i % 17) for i in range(64)]]
 MME = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
@@ -211,6 +212,16 @@ def test_a_broken_model_is_400_and_the_others_go_on(servers, models):
         requests.delete(server.url + "/models/c")
 
 
+def test_a_model_pt2_that_would_unpickle_is_400_and_runs_nothing(servers, models):
+    server, marker = servers["api"], models / "pickled-ran"
+    unsafe_export(models / "pickled", "pickled_weight", marker)
+    r = load(server, "pickled", models / "pickled")
+    assert r.status_code == 400 and "never unpickles" in r.json()["error"], r.text
+    assert not marker.exists()
+    assert requests.get(server.url + "/models/pickled").status_code == 404
+    assert requests.get(server.url + "/ping").status_code == 200
+
+
 def test_no_room_is_507_and_a_load_that_fits_after_an_unload(servers, models):
     server = servers["small"]
     assert load(server, "a", models / "a").status_code == 200
@@ -267,7 +278,10 @@ def test_loads_racing_invokes_and_unloads_of_one_name(servers, models):
             with lock:
                 seen[kind].add(status)
             if kind == "unload":
-                time.sleep(0.3)  # room for a load to finish now and then
+                # Room for a load to finish now and then (an unload waits for a load under
+                # way): until the model serves, or a while, when the next unload lands mid-load.
+                wait_until(lambda: requests.get(server.url + "/models/race", timeout=10).status_code == 200,
+                           timeout=2)
 
     calls = {
         "load": lambda: load(server, "race", models / "race"),

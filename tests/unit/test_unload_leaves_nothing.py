@@ -16,7 +16,7 @@ import textwrap
 import torch
 
 from local_test.server_process import ROOT
-from smserve.engine import loaded_model, multi_model
+from smserve.engine import loaded_model, torch_caches
 
 
 def test_an_unloaded_models_metrics_go_and_their_sums_stay(tmp_path):
@@ -63,10 +63,10 @@ def test_an_unloaded_models_metrics_go_and_their_sums_stay(tmp_path):
 def test_torchs_caches_of_a_load_go_with_the_model(example_model_dir):
     def cycle():
         model = loaded_model.load_and_warm(str(example_model_dir), torch.device("cpu"))
-        generated = multi_model._generated_code(model.model)
+        generated = torch_caches.generated_code(model.model)
         assert generated and all(name in linecache.cache for name in generated)
         del model
-        multi_model._clear_torch_caches(generated)
+        torch_caches.clear_torch_caches(generated)
         gc.collect()
         assert not any(name in linecache.cache for name in generated)
 

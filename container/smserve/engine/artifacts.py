@@ -9,8 +9,11 @@ gunicorn master read the constants and ModelLoadError without paying for torch.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import pickletools
+import tokenize
 import zipfile
 
 EXPORTED = "model.pt2"
@@ -109,9 +112,156 @@ def torchscript_file(model_dir: str, script: str = "code/inference.py") -> str |
     return os.path.join(model_dir, found[0]) if found else None
 
 
+# What torch.export.load reads of an archive without unpickling, under its one root
+# folder: anything else (a pickled weight or constant, a torchbind or opaque object, an
+# older layout's weights file, an AOTInductor library) is refused before torch reads it.
+_EXPORT_FILES = frozenset((
+    "archive_format", "archive_version", "byteorder", ".data/version", ".data/serialization_id",
+    "models/model.json", "data/sample_inputs/model.pt",
+    "data/weights/model_weights_config.json", "data/constants/model_constants_config.json"))
+_EXTRA = "extra/"  # read as text
+_PAYLOADS = {"data/weights/model_weights_config.json": ("data/weights/", "weight_"),
+             "data/constants/model_constants_config.json": ("data/constants/", "tensor_")}
+_SAMPLE_INPUTS = "data/sample_inputs/model.pt"
+NO_PICKLE = ("the server never unpickles (a pickle runs code): export the model with plain tensors as its "
+             "weights, constants and example inputs, or load it yourself in code/inference.py's model_fn(model_dir)")
+
+
+def check_export_entries(path: str) -> None:
+    """ModelLoadError unless every entry of the torch.export archive at path is one that
+    torch.export.load reads without unpickling: each weight and constant plain tensor
+    bytes its config describes (use_pickle false), nothing else but JSON and text. The
+    graph and example inputs (a torch.save pickle in every archive): check_export_contents."""
+    if kind(path) != "export":  # (an older layout: torch would unpickle its weights)
+        raise ModelLoadError(f"{path} is not an archive of torch.export.save in this torch's layout: "
+                             "export the model again with torch.export.save")
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+        root = names[0].split("/", 1)[0] + "/" if names else ""
+        inside = [name[len(root):] for name in names if name.startswith(root)]
+        if len(inside) != len(names) or len(set(inside)) != len(inside):
+            raise ModelLoadError(f"{path}: its entries are not one folder's, each once, as torch.export.save writes them")
+        for name in inside:
+            if name not in _EXPORT_FILES and not name.startswith(_EXTRA) and not _is_payload(name):
+                raise ModelLoadError(f"{path} holds {name!r}, which torch.export.load would unpickle or run, or which "
+                                     f"this server does not know: {NO_PICKLE}")
+        present = set(inside)
+        for config, (folder, prefix) in _PAYLOADS.items():
+            if config not in present:
+                raise ModelLoadError(f"{path} lacks {config}: save it with torch.export.save")
+            try:
+                payloads = json.loads(archive.read(root + config))["config"]
+                items = payloads.items()
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise ModelLoadError(f"{path}: {config} is not the JSON torch.export.save writes") from None
+            for fqn, meta in items:
+                name = meta.get("path_name") if isinstance(meta, dict) else None
+                if (not isinstance(name, str) or meta.get("use_pickle") is not False
+                        or not isinstance(meta.get("tensor_meta"), dict) or not name.startswith(prefix)
+                        or not _is_payload(folder + name) or folder + name not in present):
+                    raise ModelLoadError(f"{path}: {fqn!r} in {config} is not stored as plain tensor bytes "
+                                         f"(use_pickle, or an object's payload): {NO_PICKLE}")
+
+
+def _is_payload(name: str) -> bool:
+    """data/weights/weight_<n> or data/constants/tensor_<n>: raw tensor bytes."""
+    for folder, prefix in _PAYLOADS.values():
+        number = name[len(folder + prefix):]
+        if name.startswith(folder + prefix) and number.isascii() and number.isdigit():
+            return True
+    return False
+
+
+# The graph's symbolic shapes are read with sympy.sympify, which evaluates Python: an
+# expression may name only sympy's arithmetic, torch's shape functions and symbols.
+_SYMPY_NAMES = frozenset((
+    "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Eq", "Ne", "Lt", "Le", "Gt", "Ge",
+    "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan", "Unequality", "Equality",
+    "And", "Or", "Not", "Abs", "floor", "ceiling", "Min", "Max", "oo", "zoo", "nan", "true", "false",
+    "True", "False", "Piecewise", "ITE", "sqrt", "exp", "log", "pi", "E", "I",
+    "positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "zero", "even", "odd",
+    "commutative", "evaluate"))
+_OPERATORS = frozenset("+ - * / // % ** ( ) , = == != < <= > >= & | ~ ^".split())
+# Where a graph node's operator may come from (torch resolves any other dotted path
+# from the torch module: torch.os.system too).
+_TARGETS = ("torch.ops.", "_operator.", "math.", "torch.sym_", "torch._sym_", "#")
+
+
+def _symbol(name: str) -> bool:
+    """A shape symbol's name as torch makes them: letters then digits (s0, u3, zuf0)."""
+    stem = name.rstrip("0123456789")
+    return stem.isascii() and stem.isalpha() and len(stem) < len(name)
+
+
+def _safe_expression(text: str, names: frozenset[str]) -> bool:
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    for token in tokens:
+        if token.type == tokenize.NAME:
+            if token.string not in names and not _symbol(token.string):
+                return False
+        elif token.type == tokenize.STRING:
+            if not _symbol(token.string.strip("'\"")):
+                return False
+        elif token.type == tokenize.OP:
+            if token.string not in _OPERATORS:
+                return False
+        elif token.type not in (tokenize.NUMBER, tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER):
+            return False
+    return True
+
+
+def _check_graph(path: str, program: object) -> None:
+    """ModelLoadError for a graph (models/model.json) whose shape expressions or node
+    targets reach beyond what torch.export writes."""
+    from torch.utils._sympy import functions
+
+    names = _SYMPY_NAMES | frozenset(getattr(functions, "__all__", ()))
+    stack = [program]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            for field, item in value.items():
+                if field == "expr_str" and isinstance(item, str) and not _safe_expression(item, names):
+                    raise ModelLoadError(f"{path}: the shape expression {item[:120]!r} in its graph is not one "
+                                         "torch.export writes (it would be evaluated as Python)")
+                if field == "target" and isinstance(item, str) and not item.startswith(_TARGETS):
+                    raise ModelLoadError(f"{path}: its graph calls {item[:120]!r}, not an operator torch.export "
+                                         f"writes ({', '.join(_TARGETS)}...)")
+                stack.append(item)
+
+
+def check_export_contents(path: str) -> None:
+    """ModelLoadError unless the graph (models/model.json) holds only what torch.export
+    writes, and the example inputs load with weights_only=True: torch.export.load
+    unpickles them so first, and on any failure again with weights_only=False."""
+    import torch
+
+    with zipfile.ZipFile(path) as archive:
+        root = archive.namelist()[0].split("/", 1)[0] + "/"
+        graph, inputs = archive.read(root + "models/model.json"), archive.read(root + _SAMPLE_INPUTS)
+    try:
+        program = json.loads(graph)
+    except ValueError:
+        raise ModelLoadError(f"{path}: models/model.json is not the JSON torch.export.save writes") from None
+    _check_graph(path, program)
+    try:
+        torch.load(io.BytesIO(inputs), weights_only=True)
+    except Exception as e:  # noqa: BLE001 - whatever torch's restricted unpickler refuses
+        raise ModelLoadError(f"{path}: its example inputs ({_SAMPLE_INPUTS}) are not plain tensors "
+                             f"({type(e).__name__}): {NO_PICKLE}") from None
+
+
 def load_exported(path: str):
-    """The torch.export program in path (model.pt2)."""
+    """The torch.export program in path (model.pt2), once its entries prove that loading
+    it unpickles and evaluates nothing."""
     check(path)
+    check_export_entries(path)
+    check_export_contents(path)
     import torch
 
     from smserve.engine.weights import gil_free_reads

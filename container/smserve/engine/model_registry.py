@@ -8,11 +8,13 @@ connection lands on. So what is loaded is not one worker's memory but this folde
 - `<key>.model`: one per model name: its name, folder, generation and state
   (loading -> ready -> unloading). Created exclusively, so two loads of one name
   cannot both win.
-- `<key>.<generation>.w<N>`: worker N has done what the state asks: loaded it (with
-  what that took, or why it failed). Removed when worker N has unloaded it.
+- `<key>.<generation>.w<N>`: worker N holds it: loading it (`{"loading": true}`), or
+  loaded (with what that took, or why it failed). Removed when worker N has let it go.
 
 Every worker follows the folder (engine/multi_model.py); the worker that took the API
-call answers only once every worker has acted, so a 200 means the same everywhere.
+call answers only once every worker has acted, so a 200 means the same everywhere. An
+unloading model is forgotten by whoever sees the last worker let it go (release): the
+caller, or, when the caller gave up waiting, that last worker.
 Writes are a temporary file renamed into place: a reader never sees half a file. A
 state change is a compare-and-set under the folder's lock file (flock): it applies only
 to the generation it names, in a state it allows, so an unload racing a load or
@@ -132,6 +134,18 @@ class SharedRegistry:
                 files.remove(self._model_path(entry.name))
         for worker in self.acks(entry):
             files.remove(self._ack_path(entry, worker))
+
+    def release(self, entry: Entry) -> bool:
+        """Forget this generation once it is unloading and no worker holds it; True when
+        it is gone (now or before), False while a worker still holds it."""
+        with self._locked():
+            current = self.get(entry.name)
+            if current is None or current.generation != entry.generation:
+                return True
+            if current.state != UNLOADING or self.acks(entry):
+                return False
+            files.remove(self._model_path(entry.name))
+            return True
 
     def ack(self, entry: Entry, worker: int, outcome: dict) -> None:
         os.replace(self._write_temp(outcome), self._ack_path(entry, worker))

@@ -9,8 +9,10 @@ batched together), sharing the worker's codec and session threads.
 Every worker in step: the models wanted live in a shared folder (engine/model_registry.py)
 that every worker follows. The worker that takes `POST /models` registers the model and
 answers 200 once every worker has loaded and warmed it (so no sibling answers 404 or
-503 afterwards); `DELETE` answers once no worker holds it. A worker that restarts loads
-every registered model before it takes a connection.
+503 afterwards), within SMSERVE_MODEL_LOAD_TIMEOUT; a retried POST joins that load.
+`DELETE` answers once no worker holds it, one still loading it included (that load ends
+unserved); past its timeout the workers go on, and a DELETE again waits for them. A
+worker that restarts loads every registered model before it takes a connection.
 
 Room: each worker measures what a model's load added to its resident memory (and to
 each GPU's allocated memory); the sum over models and workers may not pass the room,
@@ -27,12 +29,14 @@ import os
 import tempfile
 import time
 import warnings
+from dataclasses import replace
 
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
 from smserve.engine import memory, readiness
+from smserve.engine.torch_caches import clear_torch_caches, generated_code
 from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT
 from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
 from smserve.engine.server import FAILED, ModelServer, Pools
@@ -180,7 +184,7 @@ class MultiModelServer:
             if entry.state == UNLOADING and tag in self._failed:
                 # A load that failed here left its outcome: withdrawing it is taking that back.
                 self._failed.discard(tag)
-                self.shared.unack(entry, self.worker_index)
+                self._let_go(entry)
             elif entry.state != UNLOADING and entry.name not in self.models and tag not in self._failed:
                 self._start(self._load_here, entry)
         self._seen = version
@@ -202,21 +206,23 @@ class MultiModelServer:
 
     def _load_here(self, entry: Entry) -> None:
         with self._load_lock:
-            current = self.shared.get(entry.name)
-            if current is None or current.generation != entry.generation or current.state == UNLOADING:
+            if not self._wanted(entry):
                 return  # withdrawn while it waited for its turn
+            # Held from here: an unload waits until this load has ended and let it go.
+            self.shared.ack(entry, self.worker_index, {"loading": True})
             before, gpu_before = memory.rss_bytes(), memory.gpu_allocated()
             server = ModelServer(self.settings, self.worker_index, self.workers, model_dir=entry.url, sessions=self.sessions,
                                  name=entry.name, pools=self.pools)
             started = time.monotonic()
             server.load()
-            if server.status == FAILED:
-                server.close()
-                _clear_torch_caches(set())
-                memory.collect()
-                self.codec_pool.apply(memory.trim)
-                self._failed.add((entry.name, entry.generation))
-                self.shared.ack(entry, self.worker_index, {"ok": False, "error": server.error})
+            failed, error = server.status == FAILED, server.error
+            if failed or not self._wanted(entry):
+                self._discard(server)
+                if failed and self._wanted(entry):
+                    self._failed.add((entry.name, entry.generation))
+                    self.shared.ack(entry, self.worker_index, {"ok": False, "error": error})
+                else:  # withdrawn while it loaded: it never serves here
+                    self._let_go(entry)
                 return
             footprint = {"host": max(0, memory.rss_bytes() - before)}
             for device, used in memory.gpu_allocated().items():
@@ -226,22 +232,33 @@ class MultiModelServer:
                      time.monotonic() - started, ", ".join(f"{k} {v / memory.MB:.1f} MB" for k, v in footprint.items()))
             self.shared.ack(entry, self.worker_index, {"ok": True, "footprint": footprint})
 
+    def _wanted(self, entry: Entry) -> bool:
+        current = self.shared.get(entry.name)
+        return current is not None and current.generation == entry.generation and current.state != UNLOADING
+
+    def _let_go(self, entry: Entry) -> None:
+        """This worker holds the model no more; the last to let go of one being unloaded forgets it."""
+        self.shared.unack(entry, self.worker_index)
+        self.shared.release(entry)
+
+    def _discard(self, server: ModelServer) -> None:
+        generated = generated_code(server.model.model) if server.model is not None else set()
+        server.close()
+        clear_torch_caches(generated)
+        # Collected on the loop (short: the start's objects are frozen, _follow); malloc_trim
+        # walks the heap in C without the GIL, on a thread while the loop goes on.
+        memory.collect()
+        self.codec_pool.apply(memory.trim)
+
     def _unload_here(self, local: _Local) -> None:
         local.unloading = True
         while local.inflight:
             gevent.sleep(FOLLOW_S)  # requests already running on it finish first
         self.models.pop(local.entry.name, None)
-        generated = _generated_code(local.server.model.model) if local.server.model is not None else set()
         self.sessions.close_model(local.server)  # through its close_session, while it is loaded
-        local.server.close()
+        self._discard(local.server)
         local.server = None
-        _clear_torch_caches(generated)
-        # The collection runs on the loop (on a thread it would hold the GIL as long),
-        # and is short: what the start made is frozen (_follow). malloc_trim walks the
-        # heap in C without the GIL: on a thread, the loop goes on meanwhile.
-        memory.collect()
-        self.codec_pool.apply(memory.trim)
-        self.shared.unack(local.entry, self.worker_index)
+        self._let_go(local.entry)
         log.info("multi-model: %r unloaded", local.entry.name)
 
     # ------------------------------------------------------------ the model API
@@ -250,15 +267,19 @@ class MultiModelServer:
         """POST /models: returns once every worker has loaded and warmed the model."""
         check_name(name)
         if self.shared.get(name) is not None:  # 409 before the url is judged, as the toolkit's server answers
-            raise Conflict(f"Model {name!r} is already loaded")
+            return self._join(name, url)
         _check_model_folder(url, self.settings.models_root, self.settings.program)
         _warn_of_a_big_torchscript(name, url)
         self._prepared.wait()  # (a call in the worker's first seconds, while torch comes in)
         self._check_room_before()
-        entry = self.shared.claim(name, url)
         try:
-            outcomes = self._wait(entry, lambda acks: len(acks) >= self.workers)
-            failed = [o["error"] for o in outcomes.values() if not o["ok"]]
+            entry = self.shared.claim(name, url)
+        except Conflict:
+            return self._join(name, url)
+        try:
+            outcomes = self._wait(entry, lambda acks: sum("ok" in o for o in acks.values()) >= self.workers,
+                                  self.settings.model_load_timeout, "SMSERVE_MODEL_LOAD_TIMEOUT")
+            failed = [o["error"] for o in outcomes.values() if o.get("ok") is False]
             if failed:
                 raise BadRequest(f"model {name!r} failed to load from {url}: {failed[0]}")
             used, room = self._used(), self._room()
@@ -269,16 +290,38 @@ class MultiModelServer:
                     + ", ".join(f"{used[k] / memory.MB:.0f} MB of {k} memory (room: {room[k] / memory.MB:.0f} MB)"
                                 for k in over)
                     + "; unload a model, or set SMSERVE_MODELS_MEMORY_MB")
+        except Conflict:
+            raise  # an unload took it meanwhile, and finishes it
+        except Unavailable:
+            self._withdraw(entry, wait=False)  # each worker lets it go when its load ends
+            raise
         except BaseException:
             self._withdraw(entry)
             raise
         if self.shared.set_state(entry, READY, only_from=(LOADING,)) is None:
             raise Conflict(f"model {name!r} was unloaded while it loaded")
 
-    def unload(self, name: str) -> None:
-        """DELETE /models/<name>: returns once no worker holds the model."""
+    def _join(self, name: str, url: str) -> None:
+        """A POST of a name that is taken: 409, unless the model is loading from the same
+        folder (a retried call), when this one answers as that load does."""
         entry = self.shared.get(name)
-        if entry is None or entry.state == UNLOADING or not self._withdraw(entry):
+        if entry is None or entry.state != LOADING or entry.url != url:
+            state = "is being unloaded" if entry is not None and entry.state == UNLOADING else "is already loaded"
+            raise Conflict(f"Model {name!r} {state}")
+
+        def outcome(acks) -> bool:
+            failed = [o["error"] for o in acks.values() if o.get("ok") is False]
+            if failed:
+                raise BadRequest(f"model {name!r} failed to load from {url}: {failed[0]}")
+            return self.shared.get(name) == replace(entry, state=READY)
+
+        self._wait(entry, outcome, self.settings.model_load_timeout, "SMSERVE_MODEL_LOAD_TIMEOUT")
+
+    def unload(self, name: str) -> None:
+        """DELETE /models/<name>: returns once no worker holds the model (one being
+        unloaded already, by a DELETE that timed out or a racing one, is waited for again)."""
+        entry = self.shared.get(name)
+        if entry is None or not self._withdraw(entry):
             raise NotFound(f"Model {name!r} is not loaded")
 
     def describe(self, name: str) -> dict:
@@ -319,18 +362,25 @@ class MultiModelServer:
 
     # ------------------------------------------------------------ helpers
 
-    def _withdraw(self, entry: Entry) -> bool:
-        """Unload this generation everywhere and forget it; False when another call
-        (a racing unload, or a failed load's own withdrawal) has begun it already."""
-        withdrawing = self.shared.set_state(entry, UNLOADING, only_from=(LOADING, READY))
-        if withdrawing is None:
-            return False
-        self._wait(withdrawing, lambda acks: not acks)
-        self.shared.remove(withdrawing)
+    def _withdraw(self, entry: Entry, wait: bool = True) -> bool:
+        """Unload this generation everywhere and, with wait, return once it is forgotten
+        (503 past SAGEMAKER_MODEL_SERVER_TIMEOUT: the workers go on and the last one
+        forgets it). False when it is no longer registered."""
+        if self.shared.set_state(entry, UNLOADING, only_from=(LOADING, READY)) is None:
+            current = self.shared.get(entry.name)
+            if current is None or current.generation != entry.generation:
+                return False
+        deadline = time.monotonic() + self.settings.request_timeout
+        while wait and not self.shared.release(entry):
+            if time.monotonic() > deadline:
+                raise Unavailable(f"model {entry.name!r}: {len(self.shared.acks(entry))} of {self.workers} workers still "
+                                  f"hold it after {self.settings.request_timeout} s (SAGEMAKER_MODEL_SERVER_TIMEOUT); "
+                                  "the unload goes on, and a DELETE again waits for it")
+            gevent.sleep(FOLLOW_S)
         return True
 
-    def _wait(self, entry: Entry, done) -> dict[int, dict]:
-        deadline = time.monotonic() + self.settings.request_timeout
+    def _wait(self, entry: Entry, done, timeout: int, setting: str) -> dict[int, dict]:
+        deadline = time.monotonic() + timeout
         while True:
             acks = self.shared.acks(entry)
             if done(acks):
@@ -339,8 +389,8 @@ class MultiModelServer:
             if current is None or current.generation != entry.generation:
                 raise Conflict(f"model {entry.name!r} was unloaded while it loaded")
             if time.monotonic() > deadline:
-                raise Unavailable(f"model {entry.name!r}: {len(acks)} of {self.workers} workers acted within "
-                                  f"{self.settings.request_timeout} s (SAGEMAKER_MODEL_SERVER_TIMEOUT)")
+                raise Unavailable(f"model {entry.name!r}: {sum('ok' in o for o in acks.values())} of {self.workers} "
+                                  f"workers loaded it within {timeout} s ({setting}); the load is given up")
             gevent.sleep(FOLLOW_S)
 
     def _used(self) -> dict[str, int]:
@@ -406,54 +456,6 @@ def _prepare() -> None:
     except Exception as e:  # noqa: BLE001 - an optimisation: the server serves without it
         log.warning("multi-model: the start's rehearsal load failed (%s: %s); the first model's load "
                     "brings in what it needs", type(e).__name__, e)
-
-
-def _generated_code(model) -> set[str]:
-    """The names torch.fx gave the code it generated for this model's modules (an
-    export program's GraphModules: `<eval_with_key>.N`, one per module)."""
-    import torch
-
-    names = set()
-    if isinstance(model, torch.nn.Module):
-        for module in model.modules():
-            code = getattr(getattr(type(module), "forward", None), "__code__", None)
-            if code is not None and code.co_filename.startswith("<eval_with_key>"):
-                names.add(code.co_filename)
-    return names
-
-
-def _clear_torch_caches(generated: set[str]) -> None:
-    """What torch keeps of every model ever loaded, for good, let go of at its unload.
-    Each is small, but a multi-model endpoint loads thousands of distinct models, and
-    every later collection (an unload's, on the loop) walked all of it: over a 200-model
-    rotation an unload's collection grew 9 -> 24 ms, ~100 objects a model.
-    - torch.fx registers each generated module's source in `linecache` and its own
-      cache (`generated`, this model's): source for tracebacks of a model now gone.
-    - torch.export.load runs each program on fake tensors with symbolic shapes:
-      FakeTensorMode's class-wide dispatch cache keeps the results, and ShapeEnv's
-      lru_cache'd methods keep every ShapeEnv (one a load). The next load fills them
-      again with what it needs.
-    A torch without one of these pieces keeps that piece, as before."""
-    import linecache
-
-    try:
-        from torch.fx.graph_module import _loader
-
-        for name in generated:
-            linecache.cache.pop(name, None)
-            _loader.eval_cache.pop(name, None)
-    except (ImportError, AttributeError):
-        pass
-    try:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-        FakeTensorMode.cache_clear()
-        for attribute in list(vars(ShapeEnv).values()):
-            if callable(getattr(attribute, "cache_clear", None)):
-                attribute.cache_clear()
-    except (ImportError, AttributeError):
-        pass
 
 
 def _check_model_folder(url: str, root: str, program: str = "inference.py") -> None:
