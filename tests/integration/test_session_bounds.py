@@ -7,6 +7,7 @@ session is held to the rules an HTTP request is (400 before any 101)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -25,6 +26,7 @@ CLOSED_ID = "X-Amzn-SageMaker-Closed-Session-Id"
 GROWING_HOOKS = '''
 import json
 import os
+import time
 
 import numpy as np
 
@@ -36,6 +38,7 @@ def model_fn(model_dir):
 
 
 def open_session(context):
+    time.sleep(float(os.environ.get("OPEN_SESSION_S", 0)))
     return {"blob": b"", "requests": 0}
 
 
@@ -110,6 +113,15 @@ def test_the_request_that_takes_the_sessions_past_their_memory_is_a_507_that_clo
     assert invoke(server, small).json() == {"predictions": [[3.0]]}  # the other session, untouched
     assert worker_pids(server) == pids and "was sent SIG" not in server.log()
     opened(server)  # its memory was given back: room for a new one
+
+
+@pytest.mark.parametrize("server", [{"OPEN_SESSION_S": "0.2", "SMSERVE_SESSION_IDLE_S": "600"}], indirect=True)
+def test_new_sessions_asked_for_at_once_open_no_more_than_the_cap(server):
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: invoke(server, "NEW_SESSION"), range(12)))
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200] * 2 + [429] * 10, statuses  # SMSERVE_MAX_SESSIONS=2, whatever the hook's pace
+    assert all("SMSERVE_MAX_SESSIONS" in a.json()["error"] for a in answers if a.status_code == 429)
 
 
 @pytest.mark.parametrize("value, words", [

@@ -99,6 +99,9 @@ class SessionTable:
         self._sweeper = None
         self._expiring: set[str] = set()  # sessions whose close at expiry waits for their turn
         self.state_bytes = 0  # what the open sessions' state holds, as state_size tells it
+        # Sessions whose open_session runs now: their slots are taken before the hook
+        # yields, so requests that arrive meanwhile count them.
+        self._opening = 0
         self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()  # ID -> IDLE or MEMORY
 
     def __len__(self) -> int:
@@ -116,20 +119,23 @@ class SessionTable:
         if not hooks.keeps_sessions:
             raise BadRequest(f"this model keeps no sessions ({session_ids.SESSION_ID}: {session_ids.NEW_SESSION}): "
                              "its code/inference.py defines no open_session(context) (docs/model.md#stateful-sessions)")
-        if len(self._open) >= self.max_sessions:
+        if len(self._open) + self._opening >= self.max_sessions:
             self._close_idlest()
-        if len(self._open) >= self.max_sessions:
-            soonest = min(s.expires_at for s in self._open.values())
+        if len(self._open) + self._opening >= self.max_sessions:
+            soonest = min((s.expires_at for s in self._open.values()), default=time.time())
             wait = max(1, min(int(soonest - time.time()) + 1, int(self._soonest_idle()) + 1))
             raise TooManyRequests(f"this worker holds its most sessions ({self.max_sessions}, SMSERVE_MAX_SESSIONS), "
                                   f"none idle {self.idle_s:g} s (SMSERVE_SESSION_IDLE_S): close one, or retry in "
                                   f"{wait} s", headers={"Retry-After": str(wait)})
         session_id = session_ids.new_id(self.worker_index, self.start)
         context.session_id = session_id
-        state = server.open_session(context)
-        session = Session(session_id, server, state, self.ttl_s)
-        self._counted(session, main_lane.call(state_size, state))
-        self._open[session_id] = session
+        self._opening += 1
+        try:
+            session = Session(session_id, server, server.open_session(context), self.ttl_s)
+            self._open[session_id] = session  # (counted open before the slot is given back)
+        finally:
+            self._opening -= 1
+        self._counted(session, main_lane.call(state_size, session.state))
         metrics.stateful_session(OPENED, len(self._open), self.state_bytes)
         if self._sweeper is None:
             self._sweeper = gevent.spawn(self._sweep)
@@ -211,7 +217,7 @@ class SessionTable:
     def _soonest_idle(self) -> float:
         """Seconds until an open session could be closed for being idle, if none comes back."""
         now = time.monotonic()
-        return max(0.0, min(self.idle_s - (now - s.used_at) for s in self._open.values()))
+        return max(0.0, min((self.idle_s - (now - s.used_at) for s in self._open.values()), default=self.idle_s))
 
     # ------------------------------------------------------------ closing
 
