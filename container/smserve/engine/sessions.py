@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 # How often expired sessions are looked for: a session closes at most this late.
 SWEEP_S = 0.5
 # Counting a state's memory (on the event loop, after each of its requests) looks at this
-# many objects between two turns of the loop: a millisecond or two at most.
+# many objects between two turns of the loop: a slice short next to /ping's deadline.
 COUNTED_PER_TURN = 2_000
 OPENED, CLOSED, EXPIRED, UNLOADED, SHUTDOWN = "opened", "closed", "expired", "unloaded", "shutdown"
 IDLE, MEMORY = "idle", "memory"
