@@ -7,6 +7,7 @@ session is held to the rules an HTTP request is (400 before any 101)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -25,6 +26,7 @@ CLOSED_ID = "X-Amzn-SageMaker-Closed-Session-Id"
 GROWING_HOOKS = '''
 import json
 import os
+import time
 
 import numpy as np
 
@@ -36,6 +38,7 @@ def model_fn(model_dir):
 
 
 def open_session(context):
+    time.sleep(float(os.environ.get("OPEN_SESSION_S", 0)))
     return {"blob": b"", "requests": 0}
 
 
@@ -48,6 +51,7 @@ def input_fn(body, content_type, context):
     data = json.loads(body)
     if context.session is not None:
         context.session["blob"] += b"x" * int(data.get("grow", 0))
+        context.session.setdefault("messages", []).extend("m%d" % i for i in range(int(data.get("chat", 0))))
         context.session["requests"] += 1
     return np.array([[context.session["requests"] if context.session is not None else 0]], dtype=np.float32)
 
@@ -67,8 +71,8 @@ def server(tmp_path, request):
         yield s
 
 
-def invoke(server, session: str, grow: int = 0, **headers) -> requests.Response:
-    return requests.post(server.url + "/invocations", data=json.dumps({"grow": grow}),
+def invoke(server, session: str, grow: int = 0, chat: int = 0, **headers) -> requests.Response:
+    return requests.post(server.url + "/invocations", data=json.dumps({"grow": grow, "chat": chat}),
                          headers={"Content-Type": "application/json", SESSION: session, **headers}, timeout=30)
 
 
@@ -110,6 +114,28 @@ def test_the_request_that_takes_the_sessions_past_their_memory_is_a_507_that_clo
     assert invoke(server, small).json() == {"predictions": [[3.0]]}  # the other session, untouched
     assert worker_pids(server) == pids and "was sent SIG" not in server.log()
     opened(server)  # its memory was given back: room for a new one
+
+
+def test_a_state_of_many_small_messages_is_held_to_the_memory_bound(server):
+    """A chat's history grows by small messages (list.extend): each request's few hundred
+    KB of them count, however many objects they are, until the 507."""
+    chat = opened(server)
+    answers = [invoke(server, chat, chat=10_000) for _ in range(10)]
+    statuses = [a.status_code for a in answers]
+    assert 507 in statuses, statuses
+    over = answers[statuses.index(507)]
+    assert over.headers[CLOSED_ID] == chat and "SMSERVE_SESSION_STATE_MB" in over.json()["error"], over.text
+    assert statuses[statuses.index(507) + 1:] == [400] * (len(statuses) - statuses.index(507) - 1)
+    assert wait_until(lambda: ends(server)) == {chat: "memory"}
+
+
+@pytest.mark.parametrize("server", [{"OPEN_SESSION_S": "0.2", "SMSERVE_SESSION_IDLE_S": "600"}], indirect=True)
+def test_new_sessions_asked_for_at_once_open_no_more_than_the_cap(server):
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: invoke(server, "NEW_SESSION"), range(12)))
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200] * 2 + [429] * 10, statuses  # SMSERVE_MAX_SESSIONS=2, whatever the hook's pace
+    assert all("SMSERVE_MAX_SESSIONS" in a.json()["error"] for a in answers if a.status_code == 429)
 
 
 @pytest.mark.parametrize("value, words", [

@@ -1,8 +1,10 @@
 """The batching runner: requests that arrive together share one forward pass."""
 
+import gc
 import os
 import threading
 import time
+import weakref
 
 import gevent
 import gevent.socket
@@ -404,3 +406,53 @@ def test_passes_of_different_requests_take_turns_a_small_request_waits_behind_a_
     assert arrived[0] < 15, (arrived, model.batches)  # it came while most of the big request was still to run
     assert model.batches.index(1) <= arrived[0] + 2, (arrived, model.batches)
     assert sorted(model.batches) == [1] + [4] * 20
+
+
+class HeldModel:
+    """Its first pass waits until the test lets it go (a real thread blocks on it)."""
+
+    def __init__(self):
+        self.batches = []
+        self.release = threading.Event()
+
+    def __call__(self, inputs):
+        self.batches.append(len(inputs["x"]))
+        if len(self.batches) == 1:
+            self.release.wait(10)
+        return {"y": inputs["x"] * 2}
+
+
+@pytest.mark.parametrize("max_batch", [0, 1, 8])
+def test_a_request_past_its_deadline_leaves_the_queue_and_lets_its_inputs_go_before_it_costs_a_pass(max_batch):
+    """The answer's deadline interrupts a request still queued (for the batcher, or for the
+    inference thread): no pass is run for it, and its inputs are freed while the pass it
+    waited behind still runs."""
+    model = HeldModel()
+    runner = Runner()
+    runner.start(model, max_batch_size=max_batch)
+    first = gevent.spawn(runner.infer, {"x": np.zeros((1, 3), np.float32)})
+    for _ in range(1000):
+        if model.batches:
+            break
+        gevent.sleep(0.005)
+    inputs = []
+
+    def late(i):
+        x = np.full((1, 3), i, np.float32)
+        inputs.append(weakref.ref(x))
+        try:
+            with gevent.Timeout(0.01):
+                runner.infer({"x": x})
+        except gevent.Timeout:
+            return "late"
+
+    lates = [gevent.spawn(late, i) for i in range(6)]
+    gevent.joinall(lates, raise_error=True)
+    assert [job.value for job in lates] == ["late"] * 6
+    gc.collect()
+    assert [ref() for ref in inputs] == [None] * 6  # freed while the first pass still runs
+    model.release.set()
+    first.get(timeout=10)
+    after = runner.infer({"x": np.ones((1, 3), np.float32)})
+    np.testing.assert_array_equal(after["y"], np.full((1, 3), 2, np.float32))
+    assert model.batches == [1, 1], model.batches  # the first request's pass and the one after: none for the late

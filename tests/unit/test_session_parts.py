@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
 import time
 
 import gevent
@@ -17,7 +18,7 @@ from gunicorn.http.parser import RequestParser
 from hypothesis import given, settings, strategies as st
 
 from smserve.core import session_ids
-from smserve.engine.sessions import MAX_COUNTED_OBJECTS, state_size
+from smserve.engine.sessions import COUNTED_PER_TURN, state_size
 from smserve.errors import BadRequest
 from smserve.http.handoff import Handoff, head_bytes, session_owner
 
@@ -62,12 +63,25 @@ def test_a_states_memory_is_counted_where_it_can_be():
             self.cache = {"kv": tensor}
 
     assert state_size(tensor) == 400 and state_size(array) == 400
-    assert state_size({"history": History(), "ids": [array, array]}) == 400 + 400 + 3 + 2 + len("kv") + len("history") \
-        + len("ids")  # the same array twice counts once
+    history = History()
+    own = sum(sys.getsizeof(v) for v in (history, vars(history), "turns", "cache", history.turns, "abc", b"de",
+                                         history.cache, "kv"))
+    state = {"history": history, "ids": [array, array]}
+    assert state_size(state) == 400 + 400 + own + sum(sys.getsizeof(v) for v in (state, "history", "ids", state["ids"]))
     loop = []
     loop.append(loop)
-    assert state_size(loop) == 0  # a cycle ends
-    assert state_size([[i] for i in range(MAX_COUNTED_OBJECTS * 2)]) > 0  # bounded work, still an answer
+    assert state_size(loop) == sys.getsizeof(loop)  # a cycle ends
+    assert state_size({"code": np, "kind": History, "fn": state_size}) == sys.getsizeof({"code": np, "kind": History,
+                                                                                          "fn": state_size}) \
+        + sum(sys.getsizeof(k) for k in ("code", "kind", "fn"))  # modules, classes and functions are not state
+
+
+def test_a_state_of_many_small_objects_is_counted_whole():
+    """A chat's history, one small message after another: every one counts, however many
+    (a count that stopped after so many objects let such a state grow unbounded)."""
+    messages = [{"role": "user", "content": f"message {i}"} for i in range(COUNTED_PER_TURN * 5)]
+    each = sys.getsizeof(messages[0]) + sys.getsizeof(messages[0]["content"])
+    assert state_size({"messages": messages}) >= len(messages) * each
 
 
 @settings(max_examples=80, deadline=None)

@@ -24,9 +24,14 @@ _start_thread = monkey.get_original("_thread", "start_new_thread")
 _STOP = object()
 
 
+class Dropped(Exception):
+    """A call whose caller left before the thread began it: never run."""
+
+
 class ModelThread:
     """call(fn, *args) runs fn on the thread and returns (ok, value): fn's result, or the
-    exception it raised (never raised on the thread, where nobody would see it)."""
+    exception it raised (never raised on the thread, where nobody would see it). A caller
+    interrupted while its call still waits for the thread takes the call back with it."""
 
     def __init__(self, first: Callable[[], None] | None = None):
         self._tasks = _queue.SimpleQueue()  # the C queue, never gevent's: the thread blocks in get()
@@ -48,8 +53,15 @@ class ModelThread:
         if not self._out:
             self._signal.ref = True
         self._out += 1
-        self._tasks.put((waiter, fn, args))
-        return waiter.get()
+        task = [waiter, fn, args]
+        self._tasks.put(task)
+        try:
+            return waiter.get()
+        except BaseException:
+            # Its caller is gone (past its answer's deadline, killed): a call the thread
+            # has not begun is dropped, and what it holds is freed now, not after it ran.
+            task[1:] = [None, None]
+            raise
 
     def stop(self) -> None:
         """The thread ends once the calls queued before this one have run."""
@@ -68,11 +80,14 @@ class ModelThread:
                 done.append(None)
                 signal.send()
                 return
-            waiter, fn, args = task
-            try:
-                result = (True, fn(*args))
-            except BaseException as e:  # noqa: BLE001 - handed back to the waiting greenlet
-                result = (False, e)
+            waiter, fn, args = task  # (one step under the GIL: a drop comes before it or after)
+            if fn is None:
+                result = (False, Dropped())
+            else:
+                try:
+                    result = (True, fn(*args))
+                except BaseException as e:  # noqa: BLE001 - handed back to the waiting greenlet
+                    result = (False, e)
             if waiter is None:
                 continue
             done.append((waiter, result))

@@ -1,10 +1,15 @@
 """Requests cut into forward passes and passes cut back into requests: the row
-arithmetic of the batcher (engine/runner.py), on named arrays."""
+arithmetic of the batcher (engine/runner.py), on named arrays, and the chunks it queues."""
 
 from __future__ import annotations
 
-import numpy as np
+import time
+from dataclasses import dataclass, field
 
+import numpy as np
+from gevent.event import AsyncResult
+
+from smserve.engine import batchable
 from smserve.errors import BadRequest
 
 Arrays = dict[str, np.ndarray]
@@ -51,3 +56,46 @@ def split_outputs(outputs: Arrays, rows: list[int]) -> list[Arrays]:
         parts.append({name: array[start:start + n] for name, array in outputs.items()})
         start += n
     return parts
+
+
+@dataclass
+class Chunk:
+    """One pass's worth of a request: its records, or (past the max batch size) one
+    chunk of them, linked to the next chunk."""
+
+    inputs: Arrays
+    rows: int
+    # None: the built-in codecs' named arrays. Else the form of what a model's input_fn
+    # returned (engine/batchable.py): its leaves are the inputs, its prediction is cut
+    # back by batchable.split.
+    form: batchable.Form | None = None
+    result: AsyncResult = field(default_factory=AsyncResult)
+    queued: float = field(default_factory=time.monotonic)
+    # The request's next chunk: queued once the batcher takes this one, behind whatever
+    # other requests wait by then, so that passes of different requests take turns.
+    follow: "Chunk | None" = None
+    signature: tuple = ()
+    # Its request has gone (past its answer's deadline, or its stream closed): the
+    # batcher passes it by, and its inputs are let go at once.
+    dropped: bool = False
+
+    def __post_init__(self):
+        # Requests batch together only when everything but dimension 0 agrees. Made
+        # once, where the chunk is made: a tensor's shape is read where torch may raise.
+        if self.form is not None:
+            self.signature = self.form.signature(self.inputs)
+        else:
+            self.signature = tuple((name, a.dtype.str, a.shape[1:]) for name, a in self.inputs.items())
+
+    def drop(self) -> None:
+        self.dropped = True
+        self.inputs = self.follow = None
+
+
+def cut(inputs: Arrays, size: int, form: batchable.Form | None) -> list[Chunk]:
+    """A request's chunks of at most `size` records, each linked to the next."""
+    chunks = [Chunk({k: v[i * size : i * size + rows] for k, v in inputs.items()}, rows, form)
+              for i, rows in enumerate(pass_rows(rows_of(inputs), size))]
+    for chunk, following in zip(chunks, chunks[1:]):
+        chunk.follow = following
+    return chunks

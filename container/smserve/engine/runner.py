@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import gevent
 import numpy as np
-from gevent.event import AsyncResult
 from gevent.lock import Semaphore
 from gevent.queue import Queue
 from gevent import monkey
 
 from smserve import metrics
 from smserve.engine import batch_plan, batchable, main_lane
-from smserve.engine.passes import Arrays, concatenate, pass_rows, records_in, rows_of, split_outputs
+from smserve.engine.passes import Arrays, Chunk, concatenate, cut, pass_rows, records_in, rows_of, split_outputs
 from smserve.engine.hooks import is_stream, user_frames_first
 from smserve.engine.model_thread import ModelThread
 from smserve.engine.priority import poll_clock, yield_cpu_to_the_loop
@@ -36,33 +34,6 @@ Stage = Callable[[str, list[np.ndarray]], np.ndarray]
 # A real lock: model code runs on real threads, which must block on it without the hub.
 _RealLock = monkey.get_original("threading", "Lock")
 _QUEUED = object()  # Runner._direct's answer for a request that goes to the batcher
-
-
-@dataclass
-class _Pending:
-    """One pass's worth of a request: its records, or (past the max batch size) one
-    chunk of them, linked to the next chunk."""
-
-    inputs: Arrays
-    rows: int
-    # None: the built-in codecs' named arrays. Else the form of what a model's input_fn
-    # returned (engine/batchable.py): its leaves are the inputs, its prediction is cut
-    # back by batchable.split.
-    form: batchable.Form | None = None
-    result: AsyncResult = field(default_factory=AsyncResult)
-    queued: float = field(default_factory=time.monotonic)
-    # The request's next chunk: queued once the batcher takes this one, behind whatever
-    # other requests wait by then, so that passes of different requests take turns.
-    follow: "_Pending | None" = None
-    signature: tuple = ()
-
-    def __post_init__(self):
-        # Requests batch together only when everything but dimension 0 agrees. Made
-        # once, where the chunk is made: a tensor's shape is read where torch may raise.
-        if self.form is not None:
-            self.signature = self.form.signature(self.inputs)
-        else:
-            self.signature = tuple((name, a.dtype.str, a.shape[1:]) for name, a in self.inputs.items())
 
 
 class Runner:
@@ -89,11 +60,11 @@ class Runner:
         self._polled = poll_clock()
         # A request the batcher has taken and is waiting to run (for the gate): the
         # model is not idle meanwhile, though the queue is empty.
-        self._waiting: _Pending | None = None
+        self._waiting: Chunk | None = None
         self._predict: Callable[[Arrays], Arrays] | None = None
         self._stage: Stage = concatenate
         self._queue: Queue = Queue()
-        self._held: _Pending | None = None  # taken from the queue but did not fit the last batch
+        self._held: Chunk | None = None  # taken from the queue but did not fit the last batch
         # A pass's prediction could not be cut back into its requests (batchable.split):
         # the model's own requests (a form's) run alone from then on.
         self.unsplittable = False
@@ -236,7 +207,8 @@ class Runner:
         request of 6,000 passes does not stand ahead of one that arrives after its first
         pass, and a request alone still has its next chunk queued while a pass runs."""
         # (A model's own tensors are sliced where torch may raise: engine/main_lane.py.)
-        chunks = self._chunks(inputs, form) if form is None else main_lane.call(self._chunks, inputs, form)
+        size = self.max_batch_size
+        chunks = cut(inputs, size, form) if form is None else main_lane.call(cut, inputs, size, form)
         self.stats.pending(1)
         try:
             self._queue.put(chunks[0])
@@ -244,17 +216,14 @@ class Runner:
                 yield chunk.result.get()
         finally:
             self.stats.pending(-1)
+            for chunk in chunks:  # (one still queued leaves it without a pass; one answered lets its inputs go)
+                chunk.drop()
 
-    def _chunks(self, inputs: Arrays, form) -> list[_Pending]:
-        size = self.max_batch_size
-        chunks = [_Pending({k: v[i * size : i * size + rows] for k, v in inputs.items()}, rows, form)
-                  for i, rows in enumerate(pass_rows(rows_of(inputs), size))]
-        for chunk, following in zip(chunks, chunks[1:]):
-            chunk.follow = following
-        return chunks
-
-    def _take(self, item: _Pending) -> _Pending:
-        """The batcher takes item: its request's next chunk queues behind those waiting."""
+    def _take(self, item: Chunk) -> Chunk | None:
+        """The batcher takes item: its request's next chunk queues behind those waiting.
+        None for an item whose request has gone."""
+        if item.dropped:
+            return None
         if item.follow is not None:
             self._queue.put(item.follow)
             item.follow = None
@@ -343,8 +312,10 @@ class Runner:
 
     def _batch_loop(self) -> None:
         while True:
-            first = self._held or self._take(self._queue.get())
+            first = self._held if self._held is not None and not self._held.dropped else None
             self._held = None
+            while first is None:
+                first = self._take(self._queue.get())
             self._waiting = first  # (not idle: a full request read meanwhile queues behind it)
             try:
                 with self._gate:  # a lone request's pass ends first; what queued meanwhile joins
@@ -353,7 +324,7 @@ class Runner:
             finally:
                 self._waiting = None
 
-    def _gather_and_run(self, first: _Pending) -> None:
+    def _gather_and_run(self, first: Chunk) -> None:
         batch = self._next_batch(first)
         try:
             self._run(batch)
@@ -363,7 +334,7 @@ class Runner:
                 if not item.result.ready():
                     item.result.set_exception(ServerError("inference failed"))
 
-    def _next_batch(self, first: _Pending) -> list[_Pending]:
+    def _next_batch(self, first: Chunk) -> list[Chunk]:
         batch, rows, signature = [first], first.rows, first.signature
         deadline = time.monotonic() + self.max_delay_s
         # (A trial that ended meanwhile: the requests it left in the queue run alone too.)
@@ -373,6 +344,8 @@ class Runner:
                 item = self._take(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
             except gevent.queue.Empty:
                 break
+            if item is None:
+                continue
             if rows + item.rows > self.max_batch_size or item.signature != signature:
                 self._held = item
                 break
@@ -380,7 +353,10 @@ class Runner:
             rows += item.rows
         return batch
 
-    def _run(self, batch: list[_Pending]) -> None:
+    def _run(self, batch: list[Chunk]) -> None:
+        batch = [item for item in batch if not item.dropped]  # (gone while the gate was waited for)
+        if not batch:
+            return
         self.passes_run += 1
         started = time.monotonic()
         for item in batch:
@@ -427,7 +403,9 @@ class Runner:
         # batch's copy, and a staging buffer is only ever touched by model code.
         return self._predict({name: self._stage(name, arrays) for name, arrays in parts.items()}, None, form)
 
-    def _run_alone(self, item: _Pending) -> None:
+    def _run_alone(self, item: Chunk) -> None:
+        if item.dropped:  # (gone while its batch's pass ran)
+            return
         try:
             _, outputs = self._forward(item.rows, self._predict, (item.inputs, None, item.form))
             self.stats.ran(item.rows)

@@ -20,10 +20,12 @@ in flight have finished.
 - A worker holds at most SMSERVE_MAX_SESSIONS of them. A worker that is full closes
   the session idle longest, if one has been idle SMSERVE_SESSION_IDLE_S, to open a new
   one (close_session's reason: idle); else the new one is a 429 saying when one may
-  end. Their state's memory is counted where it can be (tensors, arrays, bytes,
-  strings, and the containers holding them) for /metrics, and bounded: the request
+  end. Their state's memory is counted where it can be (tensors' and arrays' data, and
+  every other object in it at its own size) for /metrics, and bounded: the request
   whose state takes the worker's sessions past SMSERVE_SESSION_STATE_MB is answered
-  507 and its session closed (reason: memory), the others untouched.
+  507 and its session closed (reason: memory), the others untouched. Every object is
+  counted, a slice at a time between turns of the loop, until the count passes what
+  is left of the bound: a state of many small objects is held to it as one of few.
 - A request naming a session closed for being idle or for its memory is told so (400).
 """
 
@@ -33,6 +35,7 @@ import collections
 import logging
 import sys
 import time
+import types
 import gevent
 from gevent.lock import Semaphore
 
@@ -45,9 +48,9 @@ log = logging.getLogger(__name__)
 
 # How often expired sessions are looked for: a session closes at most this late.
 SWEEP_S = 0.5
-# Counting a state's memory (on the event loop, after each of its requests) looks at no
-# more than this many objects in it: a millisecond or two at most.
-MAX_COUNTED_OBJECTS = 2_000
+# Counting a state's memory (on the event loop, after each of its requests) looks at this
+# many objects between two turns of the loop: a slice short next to /ping's deadline.
+COUNTED_PER_TURN = 2_000
 OPENED, CLOSED, EXPIRED, UNLOADED, SHUTDOWN = "opened", "closed", "expired", "unloaded", "shutdown"
 IDLE, MEMORY = "idle", "memory"
 # How many sessions closed for being idle or for their memory are remembered, so that
@@ -99,6 +102,9 @@ class SessionTable:
         self._sweeper = None
         self._expiring: set[str] = set()  # sessions whose close at expiry waits for their turn
         self.state_bytes = 0  # what the open sessions' state holds, as state_size tells it
+        # Sessions whose open_session runs now: their slots are taken before the hook
+        # yields, so requests that arrive meanwhile count them.
+        self._opening = 0
         self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()  # ID -> IDLE or MEMORY
 
     def __len__(self) -> int:
@@ -116,20 +122,30 @@ class SessionTable:
         if not hooks.keeps_sessions:
             raise BadRequest(f"this model keeps no sessions ({session_ids.SESSION_ID}: {session_ids.NEW_SESSION}): "
                              "its code/inference.py defines no open_session(context) (docs/model.md#stateful-sessions)")
-        if len(self._open) >= self.max_sessions:
+        if len(self._open) + self._opening >= self.max_sessions:
             self._close_idlest()
-        if len(self._open) >= self.max_sessions:
-            soonest = min(s.expires_at for s in self._open.values())
+        if len(self._open) + self._opening >= self.max_sessions:
+            soonest = min((s.expires_at for s in self._open.values()), default=time.time())
             wait = max(1, min(int(soonest - time.time()) + 1, int(self._soonest_idle()) + 1))
             raise TooManyRequests(f"this worker holds its most sessions ({self.max_sessions}, SMSERVE_MAX_SESSIONS), "
                                   f"none idle {self.idle_s:g} s (SMSERVE_SESSION_IDLE_S): close one, or retry in "
                                   f"{wait} s", headers={"Retry-After": str(wait)})
         session_id = session_ids.new_id(self.worker_index, self.start)
         context.session_id = session_id
-        state = server.open_session(context)
-        session = Session(session_id, server, state, self.ttl_s)
-        self._counted(session, main_lane.call(state_size, state))
-        self._open[session_id] = session
+        self._opening += 1
+        try:
+            session = Session(session_id, server, server.open_session(context), self.ttl_s)
+            self._open[session_id] = session  # (counted open before the slot is given back)
+        finally:
+            self._opening -= 1
+        session.lock.acquire()  # (free: nobody knows its ID yet)
+        try:
+            over = self._recounted(session, session.state)
+        except BaseException:
+            gevent.spawn(self.close, session, CLOSED)  # its client never learns the ID
+            raise
+        if over:
+            raise self._over(session)
         metrics.stateful_session(OPENED, len(self._open), self.state_bytes)
         if self._sweeper is None:
             self._sweeper = gevent.spawn(self._sweep)
@@ -177,25 +193,38 @@ class SessionTable:
         worker's sessions past their memory budget, the session is closed (reason
         memory) and the 507 its request is owed comes back, for the caller to raise
         where the answer is still to be made."""
-        over = False
-        try:
-            if not session.closed:
-                session.state = state
-                session.used_at = time.monotonic()
-                self._counted(session, main_lane.call(state_size, state))
-                over = self.state_bytes > self.max_state_bytes
-                if over:
-                    self.close(session, MEMORY, held=True)
-                metrics.session_state(self.state_bytes)
-        finally:
-            session.lock.release()
-        if not over:
-            return None
+        return self._over(session) if self._recounted(session, state) else None
+
+    def _over(self, session: Session) -> InsufficientStorage:
         return InsufficientStorage(
             f"session {session.id!r} is closed: its state took this worker's sessions past "
             f"{self.max_state_bytes >> 20} MB (SMSERVE_SESSION_STATE_MB); open another with "
             f"{session_ids.SESSION_ID}: {session_ids.NEW_SESSION}",
             headers={session_ids.CLOSED_SESSION_ID: session.id})
+
+    def _recounted(self, session: Session, state) -> bool:
+        """The session's state counted again, its turn (held) given back after; whether
+        that took the sessions past their bound (the session is closed then). Counted
+        in a greenlet of its own that holds the turn until the count ends: a caller
+        interrupted meanwhile (its answer's deadline) leaves no state uncounted, nor one
+        that the session's next request changes while it is read."""
+        return gevent.spawn(self._recount, session, state).get()
+
+    def _recount(self, session: Session, state) -> bool:
+        try:
+            if session.closed:
+                return False
+            session.state = state
+            session.used_at = time.monotonic()
+            others = self.state_bytes - session.state_bytes
+            self._counted(session, _count(state, self.max_state_bytes - others))
+            over = self.state_bytes > self.max_state_bytes
+            if over:
+                self.close(session, MEMORY, held=True)
+            metrics.session_state(self.state_bytes)
+            return over
+        finally:
+            session.lock.release()
 
     def _close_idlest(self) -> None:
         """A full worker makes room: the session idle longest closes, if it has been
@@ -211,7 +240,7 @@ class SessionTable:
     def _soonest_idle(self) -> float:
         """Seconds until an open session could be closed for being idle, if none comes back."""
         now = time.monotonic()
-        return max(0.0, min(self.idle_s - (now - s.used_at) for s in self._open.values()))
+        return max(0.0, min((self.idle_s - (now - s.used_at) for s in self._open.values()), default=self.idle_s))
 
     # ------------------------------------------------------------ closing
 
@@ -282,37 +311,88 @@ class SessionTable:
 
 def state_size(state) -> int:
     """The bytes a session's state holds, where that can be told: tensors (their
-    storage, on whatever device), numpy arrays, bytes and strings, and the lists,
-    tuples, dicts and sets (and objects' __dict__) that hold them; at most
-    MAX_COUNTED_OBJECTS objects are looked at."""
-    seen: set[int] = set()
-    total = 0
-    pending = [state]
-    while pending and len(seen) < MAX_COUNTED_OBJECTS:
-        value = pending.pop()
-        if value is None or id(value) in seen:
-            continue
-        seen.add(id(value))
-        try:
-            nbytes = getattr(value, "nbytes", None)
-        except Exception:  # noqa: BLE001 - a sparse or meta tensor has no storage to count
-            nbytes = _tensor_bytes(value)
-        if isinstance(nbytes, int):  # numpy arrays, and torch tensors (element size x count)
-            total += nbytes
-        elif isinstance(value, (bytes, bytearray, memoryview, str)):
-            total += len(value)
-        elif isinstance(value, dict):
-            pending.extend(value.keys())
-            pending.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            pending.extend(value)
-        elif hasattr(value, "__dict__"):
-            pending.extend(vars(value).values())
-        elif hasattr(value, "__slots__"):
-            pending.extend(getattr(value, name, None) for name in value.__slots__)
-        else:
-            total += sys.getsizeof(value)
-    return total
+    storage, on whatever device) and numpy arrays by their data, and every other object
+    it reaches (strings, bytes, the lists, tuples, dicts and sets and objects holding
+    them) by its own size; each object once."""
+    walk = StateWalk(state)
+    while not walk.step(COUNTED_PER_TURN):
+        pass
+    return walk.total
+
+
+def _count(state, limit: int) -> int:
+    """state_size on the loop's main lane (torch may raise), a slice at a time, the loop
+    serving others between; it stops once past limit (the state is over its bound)."""
+    walk = StateWalk(state)
+    while not main_lane.call(walk.step, COUNTED_PER_TURN, limit):
+        gevent.sleep(0)
+    return walk.total
+
+
+class StateWalk:
+    """A count of what a state holds, taken a slice of objects at a time."""
+
+    def __init__(self, state):
+        self.total = 0
+        self._seen: set[int] = set()
+        self._pending = [state]
+
+    def step(self, objects: int, limit: float = float("inf")) -> bool:
+        """Counts up to `objects` more; whether the count is done (or past limit)."""
+        seen, pending, total, size = self._seen, self._pending, self.total, sys.getsizeof
+        for _ in range(objects):
+            if not pending or total > limit:
+                break
+            value = pending.pop()
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            kind = type(value)  # (the common kinds first, by type: most of a big state is these)
+            if kind in _LEAVES:
+                total += size(value)
+            elif kind is dict:
+                pending.extend(value.keys())
+                pending.extend(value.values())
+                total += size(value)
+            elif kind in _SEQUENCES:
+                pending.extend(value)
+                total += size(value)
+            else:
+                try:
+                    total += _own_size(value, pending)
+                except Exception:  # noqa: BLE001 - an object that will not say what it holds counts as nothing
+                    pass
+        self.total = total
+        return not pending or total > limit
+
+
+_LEAVES = frozenset({str, bytes, int, float, bool, complex, type(None)})
+_SEQUENCES = frozenset({list, tuple, set, frozenset})
+_SHARED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def _own_size(value, pending: list) -> int:
+    """The bytes value holds by itself (a tensor's or array's data, else its size as
+    Python tells it); what it refers to goes on pending."""
+    try:
+        nbytes = getattr(value, "nbytes", None)
+    except Exception:  # noqa: BLE001 - a sparse or meta tensor has no storage to count
+        nbytes = _tensor_bytes(value)
+    if isinstance(nbytes, int):  # numpy arrays, and torch tensors (element size x count)
+        return nbytes
+    if isinstance(value, _SHARED):  # code, not state: what it reaches is the process's
+        return 0
+    if isinstance(value, dict):
+        pending.extend(value.keys())
+        pending.extend(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        pending.extend(value)
+    elif not isinstance(value, (bytes, bytearray, memoryview, str)):
+        if hasattr(value, "__dict__"):
+            pending.append(vars(value))
+        slots = getattr(value, "__slots__", ())
+        pending.extend(getattr(value, name, None) for name in ((slots,) if isinstance(slots, str) else slots))
+    return sys.getsizeof(value)
 
 
 def _tensor_bytes(value) -> int | None:

@@ -15,7 +15,7 @@ from smserve.engine.server import READY
 from smserve.errors import BadRequest, HTTPError, NotFound
 from smserve.protocols import dispatch
 from smserve.routes import sessions
-from smserve.routes.sagemaker import context_of, reply_response, request_body
+from smserve.routes.sagemaker import answer_deadline, context_of, reply_response, request_body
 from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
 
@@ -62,12 +62,13 @@ class KServeRoutes:
         with self._model(request) as (server, metadata):
             inflated = request_body(server, self.settings, request)
             try:
-                body = inflated.body
-                header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
-                inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
-                message = dispatch.Message(body, context_of=context_of(request))  # (for its context)
-                reply = dispatch.v2_reply(server, inference, sagemaker=False, message=message)
-                answer = reply_response(reply, message)
+                with answer_deadline(self.settings):  # (the same as /invocations')
+                    body = inflated.body
+                    header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
+                    inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
+                    message = dispatch.Message(body, context_of=context_of(request))  # (for its context)
+                    reply = dispatch.v2_reply(server, inference, sagemaker=False, message=message)
+                    answer = reply_response(reply, message)
             except BaseException:
                 inflated.release()
                 raise

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import gevent
 import orjson
 
@@ -47,31 +50,38 @@ def invocation(server, settings: Settings, request: Request) -> Response:
     """An inference: the protocol is chosen by the protocol table; a route only moves the
     request in and the reply out."""
     body = request_body(server, settings, request)
-    # The answer's deadline (SAGEMAKER_MODEL_SERVER_TIMEOUT, or the PyTorch containers'
-    # SAGEMAKER_TS_RESPONSE_TIMEOUT): past it the client gets a 504 at once, and the
-    # pass it waited for still ends on the inference thread, its result dropped, so the
-    # worker and the other requests go on. A streamed answer's deadline is its first part.
+    try:
+        with answer_deadline(settings):
+            message = dispatch.Message.from_http(body.body, request.header, context_of(request))
+            if sessions.in_session(request):
+                answer = sessions.answer(server, request, message, lambda m: dispatch.answer(m, server, settings),
+                                         reply_response)
+            else:
+                answer = reply_response(dispatch.answer(message, server, settings), message)
+    except BaseException:
+        body.release()
+        raise
+    return when_answered(answer, body.release)
+
+
+@contextlib.contextmanager
+def answer_deadline(settings: Settings) -> Iterator[None]:
+    """The answer's deadline (SAGEMAKER_MODEL_SERVER_TIMEOUT, or the PyTorch containers'
+    SAGEMAKER_TS_RESPONSE_TIMEOUT), for every route that infers: past it the client gets
+    a 504 at once, its work still queued is dropped unrun (engine/runner.py), and a pass
+    already running ends on the inference thread, its result dropped, so the worker and
+    the other requests go on. A streamed answer's deadline is its first part."""
     deadline = gevent.Timeout(settings.request_timeout)
     deadline.start()
     try:
-        message = dispatch.Message.from_http(body.body, request.header, context_of(request))
-        if sessions.in_session(request):
-            answer = sessions.answer(server, request, message, lambda m: dispatch.answer(m, server, settings),
-                                     reply_response)
-        else:
-            answer = reply_response(dispatch.answer(message, server, settings), message)
+        yield
     except gevent.Timeout as e:
-        body.release()
         if e is not deadline:
             raise
         raise AnswerTimeout(f"the model did not answer within {settings.request_timeout} s "
                             "(SAGEMAKER_MODEL_SERVER_TIMEOUT); the worker goes on") from None
-    except BaseException:
-        body.release()
-        raise
     finally:
         deadline.close()
-    return when_answered(answer, body.release)
 
 
 def context_of(request: Request):
