@@ -31,7 +31,7 @@ LOCK := lock/dev$(if $(filter cpu,$(TORCH_VARIANT)),-no-torch).txt
 STAMP := $(VENV)/.installed-$(TORCH_VARIANT)
 UV_VERSION := 0.13.9
 
-.PHONY: help install lock model model-textgen model-image new-model compat-check serve test test-fast batch-example mme-local bench clean
+.PHONY: help install lock lint model model-textgen model-image new-model compat-check serve test test-fast batch-example mme-local bench clean
 
 help: ## This list (variables: docs/reference.md "Make targets and variables")
 	@awk -F':[^#]*## ' '/^[a-zA-Z][a-zA-Z0-9_-]*:[^=].*## /{printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -105,10 +105,13 @@ define run_tests
 	exit $$status
 endef
 
-test: install model model-textgen ## Every test: unit, integration, deploy (moto) and container (the image)
+lint: install ## ruff over the repository (ruff.toml); make test runs it first
+	$(PY) -m ruff check .
+
+test: install lint model model-textgen ## Every test: lint, unit, integration, deploy (moto) and container (the image)
 	$(call run_tests,)
 
-test-fast: install model model-textgen ## Every test but the image's (tests/container): the inner loop
+test-fast: install lint model model-textgen ## Every test but the image's (tests/container): the inner loop
 	$(call run_tests,--ignore=tests/container)
 
 batch-example: install model ## A local batch transform of the example: build/batch-example/in -> out

@@ -94,7 +94,7 @@ def run_server(label: str, model_dir: Path, serve: Path | None, bodies: dict, ar
     env = {"SMSERVE_LOG_LEVEL": "warning", "SMSERVE_TORCH_THREADS": str(args.torch_threads or ""), **(extra_env or {})}
     rows: dict[str, list[dict]] = {case: [] for case in bodies}
     with ServerProcess(model_dir, env, log_path=work / f"{label}.log", serve=serve) as server:
-        for case, (path, content_type) in bodies.items():  # warm up: the first passes allocate
+        for path, content_type in bodies.values():  # warm up: the first passes allocate
             run_hey(server.url + "/invocations", path, {"Content-Type": content_type}, 2, args.concurrency)
         for _ in range(args.rounds):
             for case, (path, content_type) in bodies.items():

@@ -42,8 +42,8 @@ def main() -> None:
     word = json.dumps(["h\u00e9llo w\u00f6rld \u4e16\u754c " * 4], ensure_ascii=False).encode()[1:-1]
     text = b"[" + b",".join([word] * (size // (len(word) + 1))) + b"]"
     for name, body in (("float array (ASCII)", floats), ("text (non-ASCII)", text)):
-        decode = median_s(lambda: text_body(body, "application/json", "input_fn"), args.rounds)
-        parse = median_s(lambda: json.loads(body), max(1, args.rounds // 3))
+        decode = median_s(lambda body=body: text_body(body, "application/json", "input_fn"), args.rounds)
+        parse = median_s(lambda body=body: json.loads(body), max(1, args.rounds // 3))
         held = sys.getsizeof(text_body(body, "application/json", "input_fn")) / 2**20
         print(f"{name}: {len(body) / 2**20:.1f} MB, decode {decode * 1e3:.0f} ms, json.loads {parse * 1e3:.0f} ms, "
               f"decode / json.loads = {decode / parse:.3f}, the str {held:.1f} MB")

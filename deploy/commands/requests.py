@@ -18,7 +18,7 @@ def cmd_invoke(aws, args, runner):
         raise DeployError("--stream and --bidirectional are different APIs: pick one")
     routing = from_args(invoke.Routing, args)
     if args.bidirectional:
-        for flag, value in routing.params().items():
+        for flag in routing.params():
             raise DeployError(f"--bidirectional takes no {_ROUTING_FLAGS[flag]} (InvokeEndpointWithBidirectionalStream has no {flag})")
         from deploy import bidirectional
 

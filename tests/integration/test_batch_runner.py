@@ -151,7 +151,7 @@ def test_join_source_input_for_json_lines(server, digits, tmp_path):
     assert done.returncode == 0, done.stderr
     out = (tmp_path / "out" / "digits.jsonl.out").read_text().splitlines()
     assert len(out) == len(lines)
-    for i, (line, label) in enumerate(zip(out, y)):
+    for i, line in enumerate(out):
         record = json.loads(line)
         if i % 2 == 0:
             assert set(record) == {"id", "features", "SageMakerOutput"}

@@ -207,7 +207,7 @@ def test_a_streamed_answer_carries_the_attributes_set_before_its_first_item(serv
     # Set after the first item: too late, its headers have left.
     with requests.post(server.url + "/invocations", data=json.dumps({"stream": 2, "late": True}), stream=True,
                        timeout=60, headers={"Content-Type": "application/json", ATTRIBUTES: "s=2"}) as r:
-        r.content
+        _ = r.content  # the whole stream, to its end
     assert r.status_code == 200 and ATTRIBUTES not in r.headers
 
 

@@ -62,7 +62,7 @@ def test_head_on_a_get_route_has_no_body(example_server):
 @pytest.mark.parametrize("connection", [["keep-alive, close"], ["keep-alive", "close"], ["Close"], ["x, CLOSE , y"]])
 def test_close_among_the_connection_options_closes_after_the_answer(example_server, connection):
     head = [f"Connection: {value}" for value in connection]
-    first = (f"GET /ping HTTP/1.1\r\nHost: x\r\n" + "".join(h + "\r\n" for h in head) + "\r\n").encode()
+    first = ("GET /ping HTTP/1.1\r\nHost: x\r\n" + "".join(h + "\r\n" for h in head) + "\r\n").encode()
     answers, rest = raw(example_server.port, first + request_bytes("GET", "/ping"))
     assert answers[0].status == 200
     assert answers[0].headers.get("connection", "").lower() == "close"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import re
 import struct
 import zlib
 

@@ -9,7 +9,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from smserve.http import head as head_module
 from smserve.http.connection import SettledConfig
-from smserve.http.head import PlainHeadParser, PlainHeadRequest
+from smserve.http.head import PlainHeadParser
 
 PEER = ("127.0.0.1", 5000)
 

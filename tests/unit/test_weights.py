@@ -112,7 +112,7 @@ def test_a_truncated_archive_fails_to_load(saved, tmp_path):
     cut = tmp_path / "model.pt2"
     data = saved.read_bytes()
     cut.write_bytes(data[: len(data) // 2])
-    with weights.gil_free_reads(), pytest.raises(Exception):
+    with weights.gil_free_reads(), pytest.raises(Exception):  # noqa: B017 - torch's own error for a cut archive
         torch.export.load(str(cut))
 
 

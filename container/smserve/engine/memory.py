@@ -117,7 +117,7 @@ def _libc():
     if _LIBC is None:
         try:
             _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC.malloc_trim  # glibc only (musl has none)
+            _ = _LIBC.malloc_trim  # glibc only (musl has none)
         except (OSError, AttributeError):
             _LIBC = False
     return _LIBC or None

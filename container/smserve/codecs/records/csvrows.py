@@ -131,10 +131,10 @@ def _csv_line_text(raw: bytes, number: int) -> str:
     return line
 
 
-def _csv_cell_culprit(cells: list[str], number: int, column: int) -> None:
+def _csv_cell_culprit(cells: list[str], number: int, first: int) -> None:
     """Raise for the first bad one of these cells of line `number`, the first of them
-    in column `column`; None when all are numbers."""
-    for column, cell in enumerate(cells, start=column):
+    in column `first`; None when all are numbers."""
+    for column, cell in enumerate(cells, start=first):
         problem = _cell_problem(cell)
         if problem:
             raise BadRequest(f"CSV line {number}, column {column}: {cell.strip()[:40]!r} {problem}")

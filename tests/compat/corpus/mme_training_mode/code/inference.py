@@ -4,7 +4,6 @@
 # the network comes from a sibling module of the script, model_fn loads its state_dict
 # and returns the model as it is, in training mode, dropout and all. The toolkit's
 # default predict_fn puts it in eval mode (and no_grad) before every call.
-import json
 import logging
 import os
 import sys
