@@ -34,6 +34,8 @@ def json_time(created: float) -> str:
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
         entry = {
             "time": json_time(record.created),
             "level": record.levelname,
@@ -43,8 +45,8 @@ class JsonFormatter(logging.Formatter):
         }
         # Structured fields (the access log's method, path, status, ...) as top-level keys.
         entry.update(getattr(record, "fields", None) or {})
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+        if record.exc_text:  # (made where the record was logged: handed over without exc_info)
+            entry["exception"] = record.exc_text
         return json.dumps(entry)
 
 
@@ -67,6 +69,92 @@ def config_dict(level: str, fmt: str) -> dict:
             ACCESS_LOGGER: {"level": level.upper(), "handlers": [], "propagate": True},
         },
     }
+
+
+# How long flush() (at exit, by logging.shutdown) waits for the writer's lines to be out.
+LOG_FLUSH_WAIT_S = 5.0
+
+
+def thread_safe_logging() -> None:
+    """In a worker, right after gevent's monkey-patching, which gives logging's module
+    lock and every handler's lock gevent's: those are not safe between OS threads (a
+    waiting thread can miss its wake-up for good), and hook threads, the inference
+    thread and the event loop all log. Locks become real ones again (a handler made
+    later too), and the root logger's handlers are written by one real thread
+    (HandOver): logging anywhere never waits on another thread's write."""
+    from gevent import monkey
+
+    real_rlock = monkey.get_original("_thread", "RLock")
+
+    def create_lock(handler: logging.Handler) -> None:
+        handler.lock = real_rlock()
+        logging._register_at_fork_reinit_lock(handler)  # as logging's own createLock
+
+    logging.Handler.createLock = create_lock
+    with logging._lock:  # (gevent's still, and free: one thread runs yet)
+        logging._lock = real_rlock()
+    for ref in list(logging._handlerList):
+        handler = ref()
+        if handler is not None:
+            handler.lock = real_rlock()
+    root = logging.getLogger()
+    targets = list(root.handlers)
+    if targets:
+        hand_over = HandOver(targets, monkey.get_original("_queue", "SimpleQueue")(),
+                             monkey.get_original("_thread", "allocate_lock"))
+        for handler in targets:
+            root.removeHandler(handler)
+        root.addHandler(hand_over)
+        monkey.get_original("_thread", "start_new_thread")(hand_over.write_forever, ())
+
+
+class HandOver(logging.Handler):
+    """Records for `targets`, made ready where they are logged (the message formatted,
+    the traceback as text: nothing of the caller's objects crosses) and handed through
+    a thread-safe queue to write_forever, the one thread that writes them. handle()
+    takes no lock: putting on the queue is safe from any thread or greenlet."""
+
+    def __init__(self, targets: list[logging.Handler], queue, allocate_lock):
+        super().__init__()
+        self.targets = targets
+        self._queue = queue
+        self._allocate_lock = allocate_lock
+        self._exceptions = logging.Formatter()
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if not self.filter(record):
+            return False
+        try:
+            record.msg, record.args = record.getMessage(), None
+            if record.exc_info:
+                record.exc_text = record.exc_text or self._exceptions.formatException(record.exc_info)
+                record.exc_info = None
+            self._queue.put(record)
+        except Exception:  # noqa: BLE001 - as logging's own handlers: reported, never raised
+            self.handleError(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.handle(record)
+
+    def flush(self) -> None:
+        """Returns once what was handed over before is written (LOG_FLUSH_WAIT_S at most)."""
+        done = self._allocate_lock()
+        done.acquire()
+        self._queue.put(done)
+        done.acquire(timeout=LOG_FLUSH_WAIT_S)
+
+    def write_forever(self) -> None:
+        while True:
+            item = self._queue.get()
+            if not isinstance(item, logging.LogRecord):  # flush()'s marker
+                for handler in self.targets:
+                    handler.flush()
+                item.release()
+                continue
+            for handler in self.targets:
+                if item.levelno >= handler.level:
+                    handler.handle(item)
 
 
 class AccessLines:

@@ -53,6 +53,7 @@ from gunicorn.http import errors as http_errors
 from gunicorn.http import wsgi
 from gunicorn.workers import base
 
+from smserve import logs
 from smserve.engine import main_lane
 from smserve.http import access
 from smserve.http.handoff import Handoff, session_owner
@@ -101,6 +102,7 @@ class GeventModelWorker(base.Worker):
         # signal patch either: gevent's only matters to its own child watchers, and
         # without the os patch it warns at every start.)
         monkey.patch_all(subprocess=False, os=False, signal=False)
+        logs.thread_safe_logging()  # (the patch gave logging gevent's locks, unsafe between threads)
         self.sockets = [
             gevent_socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets
         ]
