@@ -56,6 +56,17 @@ class Answered:
         self.headers = None  # the route's answer's headers (a NEW_SESSION answer's new ID is read there)
 
 
+class Unparsed:
+    """A request the parser refused (400, 408, 414, 431), as its line writes it: no method,
+    path or header read."""
+
+    method = path = "-"
+    headers = ()
+
+
+UNPARSED = Unparsed()
+
+
 def peer(addr) -> str:
     """The client's address as the access log writes it."""
     if isinstance(addr, tuple) and addr:

@@ -313,6 +313,7 @@ class GeventModelWorker(base.Worker):
                 conn.wait_idle(idle)
             conn.busy = True
             first = False
+            started = time.monotonic()
             try:
                 conn.expect_by(self.settings.header_timeout, 408, "request head not received in time")
                 conn.reading_head = True
@@ -324,12 +325,10 @@ class GeventModelWorker(base.Worker):
                 return
             except http_errors.NoMoreData:
                 return  # the client closed between requests
-            except ClientError as e:
-                self.send_error(sock, e.status, e.message)
-                return
-            except http_errors.ParseException as e:
-                status, message = parse_error(e)
+            except (ClientError, http_errors.ParseException) as e:
+                status, message = (e.status, e.message) if isinstance(e, ClientError) else parse_error(e)
                 self.send_error(sock, status, message)
+                access.log_request((access.UNPARSED, addr), status, 0, started)  # counted and logged as any answer
                 return
             if not self.handle_request(listener_name, req, sock, addr, parser):
                 return
