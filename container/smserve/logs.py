@@ -167,11 +167,16 @@ class AccessLines:
     and the fields and the closing brace; the waiting lines are then made in one
     %-format, a third of what making each costs.
 
+    `shorter(details, chars)`, if given, makes a line that would not fit one write
+    (ACCESS_BUFFER_BYTES) from details whose long strings are cut to `chars`, shorter
+    each try until it fits; without it such a line is written alone.
+
     Not thread-safe: one thread (the worker's event loop) adds lines. `schedule(fn)`
     runs fn once, ACCESS_FLUSH_S later, on that thread; flush() must also run at exit."""
 
-    def __init__(self, fmt: str, fd: int, schedule, message: tuple):
+    def __init__(self, fmt: str, fd: int, schedule, message: tuple, shorter=None):
         self.json = fmt == "json"
+        self._shorter = shorter
         self.fd = fd
         self._schedule = schedule
         # The time, its milliseconds, the middle, then what message makes.
@@ -203,10 +208,11 @@ class AccessLines:
         if not pending:
             return
         try:
-            text = self._batch_lines(pending)
+            data = self._batch_lines(pending).encode("utf-8", "backslashreplace")
         except Exception:  # noqa: BLE001 - one line that cannot be made: the others are, one by one
-            text = "".join(self._each_line(pending))
-        self._write_lines(text)
+            data, pending = b"".join(self._each_line(pending)), None
+        # (backslashreplace: a lone surrogate cannot cost the lines)
+        self._write_lines(data, pending)
 
     def _batch_lines(self, pending: list[tuple]) -> str:
         args: list = []
@@ -222,11 +228,22 @@ class AccessLines:
         return (self._line_format * len(pending)) % tuple(args)
 
     def _each_line(self, pending: list[tuple]):
-        for created, level, details in pending:
+        for line in pending:
             try:
-                yield self._batch_lines([(created, level, details)])
+                yield self._fitting(line)
             except Exception:  # noqa: BLE001 - a line that cannot be made must not cost the others
                 logging.getLogger(__name__).exception("an access line could not be made")
+
+    def _fitting(self, line: tuple) -> bytes:
+        """One line, its strings cut by `shorter` (halved each try) until it fits a write."""
+        created, level, details = line
+        data = self._batch_lines([line]).encode("utf-8", "backslashreplace")
+        chars = ACCESS_BUFFER_BYTES
+        while len(data) > ACCESS_BUFFER_BYTES and self._shorter is not None and chars > 1:
+            chars //= 2
+            data = self._batch_lines([(created, level, self._shorter(details, chars))]).encode(
+                "utf-8", "backslashreplace")
+        return data
 
     def _new_second(self, second: int) -> None:
         self._second = second
@@ -240,19 +257,25 @@ class AccessLines:
             '"message": ' if self.json else f" [{self._pid}] {name} {ACCESS_LOGGER}: ")
         return middle
 
-    def _write_lines(self, text: str) -> None:
+    def _write_lines(self, data: bytes, pending: list[tuple] | None) -> None:
         """Whole lines, at most ACCESS_BUFFER_BYTES a write (a pipe takes that much in one
-        piece, never mixed with another process's write); a longer line alone."""
-        data = text.encode("utf-8", "backslashreplace")  # (a lone surrogate cannot cost the lines)
+        piece, never mixed with another process's write). A longer line is made again
+        to fit (_fitting; pending: data's lines, one each, when it holds one made whole)."""
         view = memoryview(data)
         start, size = 0, len(data)
         while start < size:
             end = start + ACCESS_BUFFER_BYTES
             if end < size:
                 cut = data.rfind(b"\n", start, end)
-                if cut < 0:  # one line longer than a write: written alone
+                if cut < 0:  # one line longer than a write
                     cut = data.find(b"\n", start)
-                end = cut + 1 if cut >= 0 else size
+                    end = cut + 1 if cut >= 0 else size
+                    if not self._write(view[start:end] if pending is None else
+                                       self._fitting(pending[data.count(b"\n", 0, start)])):
+                        return
+                    start = end
+                    continue
+                end = cut + 1
             if not self._write(view[start:end]):
                 return
             start = end
