@@ -38,7 +38,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import traceback
 from itertools import count
 
@@ -203,7 +202,9 @@ class HookProcesses:
         """single: one model serves (its script may be in SAGEMAKER_SUBMIT_DIRECTORY)."""
         self.model_dir, self.single = model_dir, single
         self._idle = _queue.SimpleQueue()  # a C queue: a thread blocks in get() with the GIL released
-        self._lock = threading.Lock()
+        from gevent import monkey  # (here: the hook processes themselves import no gevent)
+
+        self._lock = monkey.get_original("_thread", "allocate_lock")()  # real: hook threads take it, gevent's is unsafe there
         self._children: list[_Child] = []
         for _ in range(processes):
             child = _Child(model_dir, single)
