@@ -100,12 +100,15 @@ def thread_safe_logging() -> None:
     root = logging.getLogger()
     targets = list(root.handlers)
     if targets:
-        hand_over = HandOver(targets, monkey.get_original("_queue", "SimpleQueue")(),
-                             monkey.get_original("_thread", "allocate_lock"))
+        hand_over = HandOver(targets, monkey.get_original("_queue", "SimpleQueue"),
+                             monkey.get_original("_thread", "allocate_lock"),
+                             monkey.get_original("_thread", "start_new_thread"))
         for handler in targets:
             root.removeHandler(handler)
         root.addHandler(hand_over)
-        monkey.get_original("_thread", "start_new_thread")(hand_over.write_forever, ())
+        hand_over.start()
+        # A process forked from the worker has no writer thread (threads do not survive a fork).
+        os.register_at_fork(after_in_child=hand_over.start)
 
 
 class HandOver(logging.Handler):
@@ -114,12 +117,17 @@ class HandOver(logging.Handler):
     a thread-safe queue to write_forever, the one thread that writes them. handle()
     takes no lock: putting on the queue is safe from any thread or greenlet."""
 
-    def __init__(self, targets: list[logging.Handler], queue, allocate_lock):
+    def __init__(self, targets: list[logging.Handler], make_queue, allocate_lock, start_new_thread):
         super().__init__()
         self.targets = targets
-        self._queue = queue
-        self._allocate_lock = allocate_lock
+        self._make_queue, self._allocate_lock, self._start_new_thread = make_queue, allocate_lock, start_new_thread
+        self._queue = None
         self._exceptions = logging.Formatter()
+
+    def start(self) -> None:
+        """A new queue (a forked child's copy holds its parent's records) and its writer."""
+        self._queue = queue = self._make_queue()
+        self._start_new_thread(self.write_forever, (queue,))
 
     def handle(self, record: logging.LogRecord) -> bool:
         if not self.filter(record):
@@ -144,9 +152,9 @@ class HandOver(logging.Handler):
         self._queue.put(done)
         done.acquire(timeout=LOG_FLUSH_WAIT_S)
 
-    def write_forever(self) -> None:
+    def write_forever(self, queue) -> None:
         while True:
-            item = self._queue.get()
+            item = queue.get()
             if not isinstance(item, logging.LogRecord):  # flush()'s marker
                 for handler in self.targets:
                     handler.flush()

@@ -33,6 +33,14 @@ AUDIT = textwrap.dedent('''
     for target in getattr(logging.getLogger().handlers[0], "targets", ()):
         locks[f"{target!r} behind the hand-over"] = target.lock
     print("\\n".join(name for name, lock in locks.items() if gevents(lock)))
+    # A process forked from the worker has its own writer for the records it logs.
+    import os
+    child = os.fork()
+    if child == 0:
+        logging.getLogger("child").warning("logged in the forked child")
+        logging.shutdown()
+        os._exit(0)
+    os.waitpid(child, 0)
 ''')
 
 
@@ -40,3 +48,4 @@ def test_no_lock_threads_share_is_a_gevent_lock():
     done = subprocess.run([sys.executable, "-c", AUDIT], cwd=CONTAINER, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"gevent locks:\n{done.stdout}"
+    assert "WARNING child: logged in the forked child" in done.stderr
