@@ -16,6 +16,7 @@ import requests
 from local_test.server_process import ServerProcess
 from tests.helpers.models import ECHO_HOOKS, model_dir_with
 from tests.helpers.servers import wait_until
+from tests.integration.http_raw import Reader, connect, request_bytes
 
 INFERENCE_ID = "X-Amzn-SageMaker-Inference-Id"
 
@@ -117,3 +118,38 @@ def test_a_worker_stopping_the_server_writes_its_lines_first(tmp_path):
     assert 503 in answered, "no ping was answered while the model loaded"
     for status in set(answered):
         assert server.log().count(f'"GET /ping" {status} ') == answered.count(status), server.log()[-3000:]
+
+
+def test_lines_of_long_escaped_targets_from_two_workers_each_parse(model, tmp_path):
+    """A target of a few KB of '"' is a JSON line of tens of KB: cut to fit one atomic
+    write, never torn by the other worker's writes."""
+    fifo = tmp_path / "stdout"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as pipe:
+            while chunk := pipe.read1(1 << 16):
+                received.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    server = ServerProcess(model, {"SAGEMAKER_MODEL_SERVER_WORKERS": "2", "SMSERVE_LOG_FORMAT": "json"},
+                           log_path=fifo).start()
+    targets = [f"/{i:04d}" + '"\\' * 1800 for i in range(300)]
+
+    def ask(target: str) -> None:
+        with connect(server.port) as sock:
+            sock.sendall(request_bytes("GET", target))
+            assert Reader(sock).response().status == 404
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(ask, targets))
+    finally:
+        assert server.terminate() == 0
+    reader.join(timeout=30)
+    access = [line for line in b"".join(received).decode().splitlines() if '"smserve.access"' in line]
+    entries = [json.loads(line) for line in access]  # a line holding part of another does not parse
+    assert sorted(e["path"][:5] for e in entries if e["status"] == 404) == [t[:5] for t in targets]
+    assert len({e["pid"] for e in entries}) == 2, "one worker answered everything: nothing shared the pipe"

@@ -258,3 +258,32 @@ def test_a_line_utf8_cannot_carry_is_written_escaped_with_the_others(pipe):
     lines.add(logging.INFO, ("after", None))
     lines.flush()
     assert [line.split(": ", 1)[1] for line in drain(read).decode().splitlines()] == ["lone \\udc80 surrogate", "after"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_line_too_long_for_one_write_is_cut_to_fit_with_the_others_whole(monkeypatch, caplog, fmt):
+    """A target of escaped characters (each '"' six in a JSON line) makes a line of tens
+    of KB: its client strings are cut until it fits one atomic write."""
+    writes: list[bytes] = []
+    monkeypatch.setattr(logs.os, "write", lambda fd, data: writes.append(bytes(data)) or len(data))
+    lines = access.access_lines(fmt, 99, Scheduled())
+    long_path = "/" + '"\\\x01\u00e9' * 1500
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": long_path, "REMOTE_ADDR": "10.0.0.1",
+               "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID": '"' * 256, "HTTP_X_AMZN_REQUESTID": "\\" * 256,
+               access.SESSION_KEY: "\x02" * 256}
+    monkeypatch.setattr(access, "_lines", lines)
+    caplog.set_level(logging.INFO, logger=logs.ACCESS_LOGGER)
+    for i in range(3):
+        access.log_request({**environ, "PATH_INFO": f"/short/{i}"}, 200, 10, time.monotonic())
+        access.log_request(environ, 200, 10, time.monotonic())
+    lines.flush()
+    assert writes and all(len(data) <= logs.ACCESS_BUFFER_BYTES and data.endswith(b"\n") for data in writes)
+    text = b"".join(writes).decode().splitlines()
+    assert len(text) == 6
+    if fmt == "json":
+        entries = [json.loads(line) for line in text]
+        assert [e["path"] for e in entries[::2]] == [f"/short/{i}" for i in range(3)]
+        for entry in entries[1::2]:
+            assert entry["path"].endswith(access.CUT_MARK) and long_path.startswith(entry["path"][:-3])
+            assert entry["inference_id"].startswith('"') and entry["status"] == 200
+    assert all(access.CUT_MARK in line for line in text[1::2])

@@ -21,14 +21,15 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-import threading
+
+from gevent import monkey
 
 PIECE = 4 << 20
 _LOCAL_HEADER = struct.Struct("<I4xH16xHH")  # signature, compression method, name and extra lengths
 _LOCAL_SIGNATURE = 0x04034B50
 _STORED = 0
 
-_swap = threading.Lock()
+_swap = monkey.get_original("_thread", "allocate_lock")()  # real: loads on several threads take it
 _users = 0
 _original = None
 

@@ -56,6 +56,17 @@ class Answered:
         self.headers = None  # the route's answer's headers (a NEW_SESSION answer's new ID is read there)
 
 
+class Unparsed:
+    """A request the parser refused (400, 408, 414, 431), as its line writes it: no method,
+    path or header read."""
+
+    method = path = "-"
+    headers = ()
+
+
+UNPARSED = Unparsed()
+
+
 def peer(addr) -> str:
     """The client's address as the access log writes it."""
     if isinstance(addr, tuple) and addr:
@@ -250,7 +261,24 @@ def buffer_lines(fmt: str) -> None:
 def access_lines(fmt: str, fd: int, schedule) -> logs.AccessLines:
     """The buffer a worker writes its access lines through (fmt: text or json)."""
     return logs.AccessLines(fmt, fd, schedule,
-                            (JSON_FORMAT, json_args) if fmt == "json" else (MESSAGE_FORMAT, message_args))
+                            (JSON_FORMAT, json_args) if fmt == "json" else (MESSAGE_FORMAT, message_args), shorter)
+
+
+# What ends a string the line had to cut (shorter).
+CUT_MARK = "..."
+
+
+def shorter(details: tuple, chars: int) -> tuple:
+    """details with what the client chose (method, path, ids, session) cut to `chars`
+    each: for a line too long for one atomic write (escaping makes a target of a few KB
+    a line of tens)."""
+    remote, method, path, status, sent, seconds, route, inference_id, request_id, session = details
+    return (remote, _cut(method, chars), _cut(path, chars), status, sent, seconds, route, _cut(inference_id, chars),
+            _cut(request_id, chars), _cut(session, chars))
+
+
+def _cut(value: str | None, chars: int) -> str | None:
+    return value if value is None or len(value) <= chars else value[:chars] + CUT_MARK
 
 
 def flush() -> None:

@@ -53,6 +53,7 @@ from gunicorn.http import errors as http_errors
 from gunicorn.http import wsgi
 from gunicorn.workers import base
 
+from smserve import logs
 from smserve.engine import main_lane
 from smserve.http import access
 from smserve.http.handoff import Handoff, session_owner
@@ -101,6 +102,7 @@ class GeventModelWorker(base.Worker):
         # signal patch either: gevent's only matters to its own child watchers, and
         # without the os patch it warns at every start.)
         monkey.patch_all(subprocess=False, os=False, signal=False)
+        logs.thread_safe_logging()  # (the patch gave logging gevent's locks, unsafe between threads)
         self.sockets = [
             gevent_socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets
         ]
@@ -314,6 +316,7 @@ class GeventModelWorker(base.Worker):
                 conn.wait_idle(idle)
             conn.busy = True
             first = False
+            started = time.monotonic()
             try:
                 conn.expect_by(self.settings.header_timeout, 408, "request head not received in time")
                 conn.reading_head = True
@@ -325,12 +328,10 @@ class GeventModelWorker(base.Worker):
                 return
             except http_errors.NoMoreData:
                 return  # the client closed between requests
-            except ClientError as e:
-                self.send_error(sock, e.status, e.message)
-                return
-            except http_errors.ParseException as e:
-                status, message = parse_error(e)
+            except (ClientError, http_errors.ParseException) as e:
+                status, message = (e.status, e.message) if isinstance(e, ClientError) else parse_error(e)
                 self.send_error(sock, status, message)
+                access.log_request((access.UNPARSED, addr), status, 0, started)  # counted and logged as any answer
                 return
             if not self.handle_request(listener_name, req, sock, addr, parser):
                 return
