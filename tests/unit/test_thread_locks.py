@@ -27,7 +27,7 @@ AUDIT = textwrap.dedent('''
         return type(inner).__module__.startswith("gevent")
 
     locks = {"logging's module lock": logging._lock, "a handler made now": logging.StreamHandler().lock,
-             "weights._swap": weights._swap, "HookProcesses._lock": HookProcesses("/nowhere", 0)._lock}
+             "weights._swap": weights._swap, "HookProcesses._lock": HookProcesses("/nowhere", 0, timeout_s=60)._lock}
     locks.update((f"{handler!r} on {name}", handler.lock) for name in ["", "gunicorn.error"]
                  for handler in logging.getLogger(name).handlers)
     for target in getattr(logging.getLogger().handlers[0], "targets", ()):

@@ -15,21 +15,27 @@ ENTRIES = sorted(p.name for p in CORPUS.iterdir() if (p / "make_model.py").exist
 
 
 def load_script(model_dir: Path, name: str = "inference.py"):
-    """The entry's script as a module, imported here to build its model with its own
-    classes; its sibling modules are forgotten after, so entries never share one."""
-    code = str(model_dir / "code")
-    before = set(sys.modules)
-    sys.path.insert(0, code)
+    """A module of the entry's code/ (its script, or a sibling such as model.py) loaded
+    by path, to build its model with its own classes. Modules of this checkout with a
+    sibling's name (the project's own `model` package) are set aside meanwhile, so the
+    script's `from model import Net` finds its sibling; the siblings are forgotten after,
+    so entries never share one."""
+    code = Path(model_dir / "code")
+    siblings = {p.stem for p in code.glob("*.py")} | {p.name for p in code.iterdir() if (p / "__init__.py").exists()}
+    aside = {n: m for n, m in sys.modules.items() if n.split(".")[0] in siblings}
+    for n in aside:
+        del sys.modules[n]
+    sys.path.insert(0, str(code))
     try:
-        spec = importlib.util.spec_from_file_location(f"compat_corpus_{model_dir.name}", Path(code) / name)
+        spec = importlib.util.spec_from_file_location(f"compat_corpus_{model_dir.parent.name}_{Path(name).stem}", code / name)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
     finally:
-        sys.path.remove(code)
-        for added in set(sys.modules) - before:
-            if (getattr(sys.modules[added], "__file__", None) or "").startswith(code):
-                del sys.modules[added]
+        sys.path.remove(str(code))
+        for n in [n for n in sys.modules if n.split(".")[0] in siblings]:
+            del sys.modules[n]
+        sys.modules.update(aside)
 
 
 def materialize(entry: str, into: Path) -> tuple[Path, Path, dict[str, str]]:

@@ -1,8 +1,9 @@
 """A tiny vocabulary built here (no downloads), model_info.json and seeded LSTM weights."""
 import json
-import sys
 
 import torch
+
+from tests.compat.corpus import load_script
 
 # The script is predict.py, as the SDK's entry_point="predict.py" names it.
 ENV = {"SAGEMAKER_PROGRAM": "predict.py"}
@@ -15,11 +16,6 @@ def build(model_dir, requests_dir):
     info = {"embedding_dim": 8, "hidden_dim": 6, "vocab_size": len(word_dict) + 2}
     (model_dir / "word_dict.json").write_text(json.dumps(word_dict))
     (model_dir / "model_info.json").write_text(json.dumps(info))
-    sys.path.insert(0, str(model_dir / "code"))
-    try:
-        from model import LSTMClassifier
-        model = LSTMClassifier(info["embedding_dim"], info["hidden_dim"], info["vocab_size"])
-        torch.save(model.state_dict(), model_dir / "model.pth")
-    finally:
-        sys.path.remove(str(model_dir / "code"))
-        sys.modules.pop("model", None)
+    classifier = load_script(model_dir, "model.py").LSTMClassifier
+    model = classifier(info["embedding_dim"], info["hidden_dim"], info["vocab_size"])
+    torch.save(model.state_dict(), model_dir / "model.pth")
