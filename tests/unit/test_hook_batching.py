@@ -265,7 +265,7 @@ def answers(predict_fn, max_batch: int, on_trial: bool, requests: int = 3) -> li
     with runner._gate:  # held until every request but the one the batcher took waits: they share a pass
         jobs = [gevent.spawn(ask) for _ in range(requests)]
         for _ in range(10_000):
-            if runner._queue.qsize() == requests - 1 and runner._waiting is not None or max_batch <= 0:
+            if max_batch <= 0 or (runner._queue.qsize() == requests - 1 and runner._waiting is not None):
                 break
             gevent.sleep(0)
     gevent.joinall(jobs, raise_error=True)
