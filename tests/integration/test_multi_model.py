@@ -125,7 +125,7 @@ def test_list_is_the_same_on_every_worker_and_pages(servers, models):
         assert requests.get(server.url + "/models", params={"limit": 0}).status_code == 400
         assert requests.get(server.url + "/models", params={"next_page_token": "x"}).status_code == 400
         # Each model its own hooks: echo doubles, the digits models classify.
-        assert invoke(server, "echo", {"x": [1, 2]}).json() == {"predictions": [2.0, 4.0]}
+        assert invoke(server, "echo", {"x": [1, 2]}).json() == [2.0, 4.0]  # input_fn read it: bare
         assert "predictions" in invoke(server, "b").json()
     finally:
         for name in ("b", "c", "echo"):
@@ -358,7 +358,7 @@ def test_sigterm_drains_invokes_in_flight(models, tmp_path):
             os.kill(server.proc.pid, signal.SIGTERM)
             answers = [f.result() for f in futures]
         assert [a.status_code for a in answers] == [200] * 4
-        assert sorted(a.json()["predictions"][0] for a in answers) == [0.0, 2.0, 4.0, 6.0]
+        assert sorted(a.json()[0] for a in answers) == [0.0, 2.0, 4.0, 6.0]
         assert server.proc.wait(timeout=30) == 0
     finally:
         server.terminate()

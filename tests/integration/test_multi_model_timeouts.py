@@ -158,7 +158,7 @@ def test_a_load_longer_than_the_timeout_loads_once_per_worker_and_a_retry_joins_
         assert first.result().status_code == 200, first.result().text
         assert retry.result().status_code == 200, retry.result().text
     assert marks(folder, "starts") == WORKERS
-    assert [invoke(server, "slow").json() for _ in range(4)] == [{"predictions": [1.0]}] * 4
+    assert [invoke(server, "slow").json() for _ in range(4)] == [[1.0]] * 4
     # Loaded: a POST of it now is the contract's 409.
     assert load(server, "slow", folder).status_code == 409
     assert delete(server, "slow").status_code == 200

@@ -92,13 +92,13 @@ def test_a_full_worker_closes_its_longest_idle_session_to_open_another(server):
     full = invoke(server, "NEW_SESSION")
     assert full.status_code == 429 and "SMSERVE_SESSION_IDLE_S" in full.json()["error"], full.text
     assert 1 <= int(full.headers["Retry-After"]) <= 2  # when one may have been idle long enough
-    assert invoke(server, second).json() == {"predictions": [[2.0]]}  # second is used again: first idles longest
+    assert invoke(server, second).json() == [[2.0]]  # second is used again: first idles longest
     third = wait_until(lambda: invoke(server, "NEW_SESSION"), timeout=10, interval=0.2)
     assert third.status_code == 200, third.text
     assert ends(server) == {first: "idle"}
     gone = invoke(server, first)
     assert gone.status_code == 400 and "idle" in gone.json()["error"] and "SMSERVE_SESSION_IDLE_S" in gone.json()["error"]
-    assert invoke(server, second).json() == {"predictions": [[3.0]]}  # its state went on
+    assert invoke(server, second).json() == [[3.0]]  # its state went on
 
 
 def test_the_request_that_takes_the_sessions_past_their_memory_is_a_507_that_closes_its_session(server):
@@ -111,7 +111,7 @@ def test_the_request_that_takes_the_sessions_past_their_memory_is_a_507_that_clo
     assert wait_until(lambda: ends(server)) == {big: "memory"}
     gone = invoke(server, big)
     assert gone.status_code == 400 and "SMSERVE_SESSION_STATE_MB" in gone.json()["error"]
-    assert invoke(server, small).json() == {"predictions": [[3.0]]}  # the other session, untouched
+    assert invoke(server, small).json() == [[3.0]]  # the other session, untouched
     assert worker_pids(server) == pids and "was sent SIG" not in server.log()
     opened(server)  # its memory was given back: room for a new one
 
@@ -155,4 +155,4 @@ def test_a_websocket_handshake_naming_a_session_it_cannot_reach_is_a_400_before_
     for header in (live, "NEW_SESSION"):  # an open session's ID, or a new one: the handshake goes on
         with ws_connect(ws_url(server), additional_headers={SESSION: header}, open_timeout=10) as ws:
             ws.send(json.dumps({"grow": 0}))
-            assert json.loads(ws.recv(timeout=10)) == {"predictions": [[0.0]]}
+            assert json.loads(ws.recv(timeout=10)) == [[0.0]]

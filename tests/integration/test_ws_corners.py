@@ -90,7 +90,7 @@ def test_a_close_right_behind_pipelined_messages_has_them_all_answered_first(ech
             break
         answers.append(json.loads(got[1]))
     conn.sock.close()
-    assert answers == [{"predictions": [2.0 * i]} for i in range(count)]
+    assert answers == [[2.0 * i] for i in range(count)]
     assert got[1] == 1000
 
 

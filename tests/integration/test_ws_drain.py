@@ -23,7 +23,7 @@ from tests.integration.ws_raw import TEXT, Conn, handshake, text
 
 pytestmark = pytest.mark.slow
 
-# Each message: {"x": [i], "sleep": s, "pad": "..."}, answered {"predictions": [i]}.
+# Each message: {"x": [i], "sleep": s, "pad": "..."}, answered [i] (input_fn read it: bare).
 ECHO_HOOKS = echo_hooks(times=1)
 
 # The same model with a stream_fn for its sessions (POST /invocations still echoes).
@@ -33,7 +33,7 @@ def stream_fn(messages, model, context):
     for message in messages:
         data = json.loads(message)
         time.sleep(float(data.get("sleep", 0)))
-        yield {"predictions": [float(x) for x in data["x"]]}
+        yield [float(x) for x in data["x"]]
 '''
 
 HOOKS = {"default": ECHO_HOOKS, "stream_fn": STREAM_FN_HOOKS}
@@ -62,7 +62,7 @@ def answers_until_close(conn: Conn) -> tuple[list[int], tuple]:
         if got[0] == "close":
             return ids, got
         assert got[0] == TEXT, got
-        ids.append(int(json.loads(got[1])["predictions"][0]))
+        ids.append(int(json.loads(got[1])[0]))
 
 
 def session_log(server) -> tuple[int, int]:
@@ -153,8 +153,8 @@ def test_a_session_whose_handshake_ends_after_sigterm_answers_what_came_with_it_
     sock.sendall(rest + message(1) + message(2))  # two messages behind the handshake
     conn = Conn(sock)
     assert conn.response_head().startswith(b"HTTP/1.1 101")
-    assert conn.message() == (TEXT, b'{"predictions":[1.0]}')
-    assert conn.message() == (TEXT, b'{"predictions":[2.0]}')
+    assert conn.message() == (TEXT, b'[1.0]')
+    assert conn.message() == (TEXT, b'[2.0]')
     try:
         conn.send(message(3))  # sent after the signal: not read
     except OSError:
@@ -178,7 +178,7 @@ def test_a_handshake_waiting_on_a_kept_alive_connection_at_sigterm_is_drained(se
     status, body = conn.http_response()
     assert status.startswith(b"HTTP/1.1 200") and b"0.0" in body, (status, body)
     assert conn.response_head().startswith(b"HTTP/1.1 101")
-    assert conn.message() == (TEXT, b'{"predictions":[5.0]}')
+    assert conn.message() == (TEXT, b'[5.0]')
     got = conn.message()
     assert got[:2] == ("close", 1001), got
     conn.close()

@@ -179,3 +179,17 @@ def test_decoded_requests_without_input_fn_are_checked_too(caplog):
     gevent.joinall(jobs, raise_error=True)
     assert batch_plan.difference([j.value for j in jobs], expected) is None
     assert runner.unsplittable and runner.passes(arrays[0]) == 1
+
+
+@pytest.mark.parametrize("predict_fn", [
+    lambda data, model: model(data).sum().item(),  # one number for the request
+    lambda data, model: model(data).sum(),  # a 0-d tensor
+    lambda data, model: model(data)[0],  # the first record's answer stands for the request's
+])
+def test_a_request_bigger_than_a_pass_runs_whole_until_the_trial_has_kept_batching(predict_fn):
+    runner = on_trial(predict_fn=predict_fn)
+    big = torch.arange(36.0).view(12, 3)  # 12 records: two passes of at most 8, were it cut
+    form, leaves = batchable.flatten(big, ("x",))
+    assert runner.passes(leaves) == 1
+    assert batch_plan.difference(runner.infer(leaves, None, form), alone(runner, big)) is None
+    assert not runner.unsplittable and not runner.trial.tried

@@ -6,6 +6,7 @@ is recorded."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -15,10 +16,13 @@ import pytest
 import torch
 
 from smserve.core.metadata import ModelMetadata, TensorSpec
-from smserve.engine import batchable
+from smserve.engine import batch_plan, batchable
+from smserve.engine.hook_chain import HookChain
 from smserve.engine import loaded_model as model_module
 from smserve.engine.hooks import Hooks
 from smserve.engine.runner import Runner
+from smserve.protocols import dispatch
+from smserve.settings import Settings
 
 
 class Doubler(torch.nn.Module):
@@ -197,3 +201,86 @@ def test_what_is_no_batch_runs_alone_whole(value):
     outputs = runner.call_pass(model.predict_value, value, None, records=lambda: 1)
     assert outputs["y"].shape == (1, 3)
     assert seen[0] is value or seen[0] == value or torch.equal(seen[0], value)
+
+
+# ---------------------------------------------------------------- the answer's form, batched or not
+
+
+class HookServer:
+    """What dispatch's hooks protocol and the hook chain ask of a server, over a real
+    model and runner, every hook run in the calling greenlet."""
+
+    status = "ready"
+    hook_processes = None
+
+    def __init__(self, model, runner):
+        self.model, self.runner, self.metadata = model, runner, model.metadata
+        self.has_input_fn = model.hooks.input_fn is not None
+        self.uses_byte_hooks = model.hooks.handles_bytes
+        self.may_stream = model.hooks.may_stream
+        self.hook_chain = HookChain(self)
+
+    def codec(self, size, fn, *args):
+        return fn(*args)
+
+    def on_hook_thread(self, fn, *args):
+        return fn(*args)
+
+    def check_ready(self):
+        pass
+
+    def hook_input(self, message):
+        return self.hook_chain.input(message)
+
+    def infer_with_hooks(self, value, message, accept, encode, decoded=False):
+        return self.hook_chain.answer(value, message, accept, encode, decoded)
+
+
+FEATURES = b'{"features": [0.5, 1.5, -2.0]}'
+# What a toolkit-style predict_fn returns for one request's 1-D features, no output_fn.
+PREDICTIONS = {
+    "number": lambda data, model: model(data.unsqueeze(0)).sum().item(),
+    "numpy scalar": lambda data, model: model(data.unsqueeze(0)).sum().detach().numpy()[()],
+    "0-d tensor": lambda data, model: model(data.unsqueeze(0)).sum(),
+    "list": lambda data, model: model(data.unsqueeze(0))[0].tolist(),
+    "dict": lambda data, model: {"y": model(data.unsqueeze(0))[0], "total": model(data.unsqueeze(0)).sum(dim=1)},
+}
+
+
+def json_features(body, content_type):
+    return torch.tensor(json.loads(body)["features"], dtype=torch.float32)
+
+
+def answers(predict_fn, max_batch: int, on_trial: bool, requests: int = 3) -> list:
+    model = loaded(max_batch=0, input_fn=json_features, predict_fn=predict_fn)
+    runner = Runner()
+    runner.trial = batch_plan.Trial() if on_trial else None
+    runner.start(model.predict, max_batch_size=max_batch, stage=model.stage)
+    server = HookServer(model, runner)
+
+    def ask():
+        message = dispatch.Message(body=FEATURES, content_type="application/json")
+        return dispatch.answer(message, server, Settings()).body
+
+    with runner._gate:  # held until every request but the one the batcher took waits: they share a pass
+        jobs = [gevent.spawn(ask) for _ in range(requests)]
+        for _ in range(10_000):
+            if max_batch <= 0 or (runner._queue.qsize() == requests - 1 and runner._waiting is not None):
+                break
+            gevent.sleep(0)
+    gevent.joinall(jobs, raise_error=True)
+    # (After the trial: each request runs alone.)
+    return [json.loads(job.value) for job in jobs] + [json.loads(ask())]
+
+
+@pytest.mark.parametrize("kind", PREDICTIONS)
+def test_an_input_fn_requests_answer_is_the_same_batched_on_trial_or_not_and_bare_as_the_toolkits(kind):
+    predict_fn = PREDICTIONS[kind]
+    unbatched = answers(predict_fn, 0, False)
+    if kind == "dict":  # the built-in form of several outputs (docs/migrating.md), bare
+        assert set(unbatched[0]) == {"y", "total"}
+    else:
+        prediction = predict_fn(json_features(FEATURES, "application/json"), loaded().model)
+        # The toolkit's default output_fn: json.dumps of the value (a tensor's as a list), no {"predictions": ...}.
+        assert unbatched[0] == pytest.approx(prediction.tolist() if hasattr(prediction, "tolist") else prediction)
+    assert batch_plan.difference(answers(predict_fn, 8, True), unbatched) is None

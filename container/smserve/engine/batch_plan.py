@@ -10,8 +10,10 @@ predict_fn that reads each request's context). Such batching is on trial (Runner
 the first pass of several requests runs its last request again alone and keeps the
 pass's answers only when that request's part of them is the same; a pass whose
 prediction cannot be cut back into its requests, or that fails while each of its
-requests answers alone, also turns it off. Whatever turns it off is said in the log,
-and from then on each request runs alone, as in the containers.
+requests answers alone, also turns it off. Until a pass has kept it, a request bigger
+than a pass runs whole (its passes' answers joined may not be its answer). Whatever
+turns it off is said in the log, and from then on each request runs alone, as in the
+containers.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class Runner:
         model's pass is one request's, so a batched pass gets None. form: the leaves are
         what a model's input_fn returned (engine/batchable.py), and what comes back is
         this request's part of the model's prediction (or its named arrays)."""
-        if self.unsplittable and (form is not None or self.trial):
+        if (self.unsplittable and (form is not None or self.trial)) or self._untried_cut(inputs):
             # The model's predictions could not be cut back into requests: each runs alone.
             return self._lone(inputs, context, form)
         outputs = self._direct(inputs, context, form)
@@ -136,9 +136,16 @@ class Runner:
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     def passes(self, inputs: Arrays) -> int:
-        if self.max_batch_size <= 0 or not inputs or (self.trial and self.unsplittable):
+        if self.max_batch_size <= 0 or not inputs or (self.trial and self.unsplittable) or self._untried_cut(inputs):
             return 1
         return max(1, -(-rows_of(inputs) // self.max_batch_size))
+
+    def _untried_cut(self, inputs: Arrays) -> bool:
+        """A request bigger than a pass while batching is on trial and no pass has
+        vouched for it yet: it runs whole, as in the containers, since its passes'
+        answers joined may not be its answer (one number a pass, say)."""
+        return (self.trial is not None and not self.trial.tried and self.max_batch_size > 0 and bool(inputs)
+                and rows_of(inputs) > self.max_batch_size)
 
     def infer_by_pass(self, inputs: Arrays, context=None) -> Iterator[Arrays]:
         """The outputs of each forward pass, in order, as each pass ends. A request

@@ -228,10 +228,14 @@ class Hooks(Protocol):
         except NotAcceptable as e:
             builtin, refusal, labels = default, e, None
 
+        # The records' wrapper is answered in kind only where the built-in codecs read it:
+        # a body input_fn read is the script's own, answered bare as the toolkit's output_fn does.
+        wrapped = decoded and simple.wraps_records(message.body, message.content_type)
+
         def encode(outputs):
             if refusal is not None:
                 raise refusal
-            return encode_simple(outputs, builtin, labels, simple.wraps_records(message.body, message.content_type))
+            return encode_simple(outputs, builtin, labels, wrapped)
 
         # The user's output_fn may speak types we do not: it gets the client's first choice.
         accept = preferred(message.accept, default) if hooks.output_fn is not None else builtin
