@@ -49,6 +49,38 @@ def worker_pids(server: ServerProcess) -> set[int]:
     return pids
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process under pid (its children, theirs, ...), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def shm_held(pids) -> list[str]:
+    """The /dev/shm files these processes hold open or mapped: a hook value's file has no
+    name (O_TMPFILE), so what holds it is the only trace a leak leaves."""
+    held = []
+    for pid in pids:
+        try:
+            fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            with open(f"/proc/{pid}/maps") as f:
+                maps = [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line]
+        except OSError:  # ended meanwhile
+            continue
+        held += [f"{pid}: {target}" for target in fds + maps if target.startswith("/dev/shm/")]
+    return held
+
+
 def wait_until(probe: Callable[[], T], timeout: float = 10, interval: float = 0.02) -> T:
     """probe() once it returns something true, polled every interval; after timeout
     the last (false) value it returned."""

@@ -15,7 +15,7 @@ import requests
 
 from local_test.server_process import ServerProcess
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import passes_and_records, wait_until, worker_pids
+from tests.helpers.servers import descendants, passes_and_records, shm_held, wait_until, worker_pids
 
 PROCESS_HOOKS = '''
 import json
@@ -95,7 +95,8 @@ def test_the_hooks_run_in_processes_of_their_own_and_their_values_batch(server):
     assert worker not in hook_pids and len(hook_pids) <= 2
     passes, records = passes_and_records(server, "process-hooks")
     assert records - records_before == 32 and passes - passes_before < 16  # requests shared passes
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("smserve-hook-")]  # every file unlinked
+    # every value's file let go: none held open or mapped by the worker or its hook processes
+    assert wait_until(lambda: not shm_held(descendants(server.proc.pid)), timeout=5), shm_held(descendants(server.proc.pid))
 
 
 def test_failures_are_named_as_on_a_thread(server):
@@ -117,17 +118,12 @@ def test_a_process_that_dies_fails_its_request_and_another_takes_its_place(serve
 
 
 def test_a_process_that_dies_leaves_no_array_file_behind(server):
-    """Its answer's arrays were written to /dev/shm when it died sending it: they are
-    removed with it (RAM, otherwise held until the host restarts)."""
-    def files():
-        return {n for n in os.listdir("/dev/shm") if n.startswith("smserve-hook-")}
-
-    before = files()
+    """Its answer's arrays were written to /dev/shm when it died sending it: nothing of
+    the server holds them after (RAM, otherwise held until the holder exits)."""
     died = invoke(server, die_sending=True)
     assert died.status_code == 500 and "exit code 4" in died.json()["error"]
-    new = files() - before
-    # (Another test's arrays in flight at this moment go within moments; a leak stays.)
-    assert wait_until(lambda: not (files() & new), timeout=5), new
+    # (Another request's arrays in flight at this moment go within moments; a leak stays.)
+    assert wait_until(lambda: not shm_held(descendants(server.proc.pid)), timeout=5), shm_held(descendants(server.proc.pid))
 
 
 def test_arrays_sent_to_a_process_that_died_are_removed(tmp_path):
@@ -147,7 +143,7 @@ def test_arrays_sent_to_a_process_that_died_are_removed(tmp_path):
         processes._children[0].proc.wait(timeout=30)
         with pytest.raises(HookProcessDied):
             processes.output_fn({"pid": np.zeros((1000, 100))}, "application/json", None)
-        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"smserve-hook-{os.getpid()}-")]
+        assert not shm_held([os.getpid()])  # the files written for it are let go
     finally:
         processes.close()
 
