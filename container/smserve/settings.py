@@ -1,8 +1,9 @@
 """Every setting the server reads, from the environment, into one frozen object.
 
 `Settings.from_env()` is called once by `serve` (so a bad value stops the container
-before gunicorn starts, with a message naming the variable) and once in each worker.
-Nothing else reads os.environ.
+before gunicorn starts, with a message naming the variable), once by the gunicorn
+master (http/gunicorn_conf.py) and once in each worker (http/worker.py), which hands
+it down. Nothing else in the package reads os.environ (tests/unit/test_environment.py).
 """
 
 from __future__ import annotations
@@ -133,6 +134,14 @@ class Settings:
     # (engine/toolkit.py).
     program: str = "inference.py"
     submit_directory: str | None = None
+    # Set by `serve` and the container runtime, not by users (_RUNTIME): the workers'
+    # shared folder for ready markers and multi-model state, prometheus_client's
+    # multiprocess folder (None: single-process metrics), and the GPUs this container
+    # may use as the runtime lists them (None: unset; engine/hardware.gpu_count).
+    state_dir: str | None = None
+    metrics_dir: str | None = None
+    cuda_visible_devices: str | None = None
+    nvidia_visible_devices: str | None = None
 
     @property
     def job_sets_no_payload_limit(self) -> bool:
@@ -178,6 +187,10 @@ class Settings:
                 values[name] = parse(raw.strip())
             except (ValueError, TypeError) as e:
                 raise SettingsError(f"{variable}={raw!r}: {e}") from None
+        for name, (variable, keep_empty) in _RUNTIME.items():
+            raw = env.get(variable)
+            if raw is not None and (raw.strip() or keep_empty):
+                values[name] = raw
         return cls(**values)
 
 
@@ -388,6 +401,15 @@ _FALLBACKS: dict[str, tuple[str, Callable[[str], object]]] = {
     "max_batch_delay_ms": ("SAGEMAKER_TS_MAX_BATCH_DELAY", lambda raw: _clamped("SAGEMAKER_TS_MAX_BATCH_DELAY", raw)[0]),
     "timeout": ("SAGEMAKER_TS_RESPONSE_TIMEOUT", lambda raw: _clamped("SAGEMAKER_TS_RESPONSE_TIMEOUT", raw)[0]),
 }
+# field -> (variable, whether an empty value counts), taken as written: set by `serve`
+# (the folders) and the container runtime (the devices), not settings a user writes.
+# An empty visible-devices list means no GPU.
+_RUNTIME: dict[str, tuple[str, bool]] = {
+    "state_dir": ("SMSERVE_STATE_DIR", False),
+    "metrics_dir": ("PROMETHEUS_MULTIPROC_DIR", False),
+    "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES", True),
+    "nvidia_visible_devices": ("NVIDIA_VISIBLE_DEVICES", True),
+}
 TOOLKIT_PREFIX = "SAGEMAKER_TS_"
 # The PyTorch containers' settings that have no counterpart here, and what does that work.
 _TOOLKIT_UNUSED = {
@@ -428,3 +450,9 @@ def toolkit_notes(env: Mapping[str, str] | None = None) -> list[str]:
             notes.append(f"{variable}={raw} sets {ours}'s setting ({field})" + (f": {clamp}" if clamp else ""))
     return notes
 
+
+
+def child_environment(**overrides: str) -> dict[str, str]:
+    """The environment a process this server starts runs with: this one's, so that the
+    child reads the same settings, with `overrides` on top."""
+    return {**os.environ, **overrides}

@@ -7,6 +7,7 @@ import torch
 
 from smserve.engine import hardware
 from smserve.engine.loaded_model import ModelLoadError, choose_device
+from smserve.settings import Settings
 
 
 @pytest.mark.parametrize("worker, expected", [(0, "cuda:0"), (1, "cuda:1"), (2, "cuda:0"), (5, "cuda:1")])
@@ -25,26 +26,9 @@ def test_cpu_when_there_is_no_gpu_or_when_asked(monkeypatch):
     assert choose_device("cpu", 0).type == "cpu"
 
 
-@pytest.mark.parametrize("variable, value, expected", [
-    ("CUDA_VISIBLE_DEVICES", "0,1,2", 3),
-    ("CUDA_VISIBLE_DEVICES", "", 0),
-    ("CUDA_VISIBLE_DEVICES", "-1", 0),
-    ("NVIDIA_VISIBLE_DEVICES", "GPU-abc,GPU-def", 2),
-    ("NVIDIA_VISIBLE_DEVICES", "void", 0),
-])
-def test_gpu_count_follows_the_visible_devices(monkeypatch, variable, value, expected):
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setenv(variable, value)
-    assert hardware.gpu_count() == expected
-    assert hardware.default_workers() == max(expected, 1)
-
-
 def test_gpu_count_from_device_nodes(monkeypatch):
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "all")
     monkeypatch.setattr(hardware.glob, "glob", lambda _: ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"])
-    assert hardware.gpu_count() == 2
+    assert hardware.gpu_count(Settings(nvidia_visible_devices="all")) == 2
 
 
 # ------------------------------------------------------------ workers per GPU
@@ -78,7 +62,6 @@ def test_gpu_memory_and_model_size_as_the_master_finds_them(monkeypatch, tmp_pat
     fake.write_text("#!/bin/sh\necho 81559\necho 46068\n")  # MiB; the smallest GPU bounds the plan
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     model = tmp_path / "model"
     (model / "code").mkdir(parents=True)
     (model / "model.pt").write_bytes(b"x" * (3 << 20))
@@ -86,7 +69,8 @@ def test_gpu_memory_and_model_size_as_the_master_finds_them(monkeypatch, tmp_pat
     assert hardware.gpu_memory_bytes() == 46068 << 20
     assert hardware.model_bytes(str(model)) == 3 << 20
     monkeypatch.setattr(hardware, "cpu_count", lambda: 16)
-    assert hardware.default_plan(str(model)).workers == 2 * hardware.MAX_AUTO_WORKERS_PER_GPU
+    settings = Settings(model_dir=str(model), cuda_visible_devices="0,1")
+    assert hardware.default_plan(settings).workers == 2 * hardware.MAX_AUTO_WORKERS_PER_GPU
     fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     assert hardware.gpu_memory_bytes() is None
-    assert hardware.default_plan(str(model)).workers == 2
+    assert hardware.default_plan(settings).workers == 2

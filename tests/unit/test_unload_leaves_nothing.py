@@ -23,11 +23,11 @@ def test_an_unloaded_models_metrics_go_and_their_sums_stay(tmp_path):
     """In multiprocess mode (as `serve` runs workers), in a process of its own:
     prometheus_client picks its value class when first imported."""
     script = textwrap.dedent("""
-        import json, sys
+        import json, os, sys
         from smserve import metrics
         from smserve.metrics import recording
         from prometheus_client import values
-        metrics.enable()
+        metrics.enable(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         listed = dict(zip(values.ValueClass.__init__.__code__.co_freevars,
                           values.ValueClass.__init__.__closure__))["values"].cell_contents
         start = len(listed)

@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from smserve.settings import Settings
+
 GIB = 1 << 30
 # Workers per GPU chosen by default: more front ends (event loop, codecs, HTTP) for one
 # device, never more than this (each splits the device's dynamic batches further).
@@ -26,10 +28,10 @@ MODEL_FOOTPRINT_FACTOR = 3
 GPU_MEMORY_SHARE = 0.5
 
 
-def gpu_count() -> int:
-    """GPUs this container may use: the visible-devices list if set, else the device nodes."""
-    for variable in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
-        value = os.environ.get(variable)
+def gpu_count(settings: Settings) -> int:
+    """GPUs this container may use: the first visible-devices list set that names
+    devices, else the device nodes."""
+    for value in (settings.cuda_visible_devices, settings.nvidia_visible_devices):
         if value is None:
             continue
         value = value.strip()
@@ -106,14 +108,15 @@ def plan_workers(gpus: int, cores: int, gpu_memory: int | None, weights: int,
                                   f"{gpu_memory / GIB:.0f} GiB per GPU and a {weights / GIB:.2f} GiB model)")
 
 
-def default_plan(model_dir: str | None = None, per_gpu: int | None = None) -> WorkerPlan:
-    gpus = gpu_count()
+def default_plan(settings: Settings) -> WorkerPlan:
+    gpus = gpu_count(settings)
     if gpus <= 0:
         return plan_workers(0, cpu_count(), None, 0)
+    per_gpu = settings.workers_per_gpu
     memory = None if per_gpu is not None else gpu_memory_bytes()
-    weights = model_bytes(model_dir) if model_dir and memory is not None else 0
+    weights = model_bytes(settings.model_dir) if settings.model_dir and memory is not None else 0
     return plan_workers(gpus, cpu_count(), memory, weights, per_gpu)
 
 
-def default_workers(model_dir: str | None = None, per_gpu: int | None = None) -> int:
-    return default_plan(model_dir, per_gpu).workers
+def default_workers(settings: Settings) -> int:
+    return default_plan(settings).workers

@@ -50,6 +50,7 @@ from gevent import monkey
 from smserve.engine.hook_transport import Channel, Deadline, SharedMemoryFull, receive, release, restored, send, \
     shareable
 from smserve.errors import ServerError, Unavailable
+from smserve.settings import child_environment
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ class _Child:
     def __init__(self, model_dir: str, single: bool):
         requests_r, requests_w = os.pipe()
         answers_r, answers_w = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = child_environment(PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "smserve.engine.hook_processes", model_dir,
                                           str(requests_r), str(answers_w), "single" if single else "one-of-many",

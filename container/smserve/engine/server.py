@@ -67,7 +67,7 @@ class ModelServer:
         self.model_dir = model_dir or settings.model_dir
         self.name = name
         self.worker_index = worker_index
-        self.workers = workers or settings.workers or hardware.default_workers(settings.model_dir, settings.workers_per_gpu)
+        self.workers = workers or settings.workers or hardware.default_workers(settings)
         # Where workers leave a ready marker, so /ping on any worker can tell whether
         # all of them are ready (SageMaker sends traffic as soon as one ping is 200).
         self.state_dir = state_dir
@@ -414,17 +414,6 @@ def _freeze_heap() -> None:
     by the many lists a big JSON body parses into, held the GIL, and /ping, for 0.3-0.4 s."""
     gc.collect()
     gc.freeze()
-
-
-def worker_slot_from_env() -> dict:
-    """This worker's index, the worker count and the shared state folder: set by
-    `serve` and gunicorn's post_fork hook, not by users."""
-    workers = os.environ.get("SMSERVE_WORKERS")
-    return {
-        "worker_index": int(os.environ.get("SMSERVE_WORKER_INDEX", "0")),
-        "workers": int(workers) if workers else None,
-        "state_dir": os.environ.get("SMSERVE_STATE_DIR"),
-    }
 
 
 # gunicorn's arbiter halts, and exits with this status, when a worker exits with it.

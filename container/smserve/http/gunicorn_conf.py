@@ -1,10 +1,11 @@
 """gunicorn configuration, as a Python module: `gunicorn -c python:smserve.http.gunicorn_conf`.
 
-Read once by the master. The master never imports torch: each worker loads the model
-after fork (CUDA cannot survive a fork).
+Read once by the master: the master's composition root, which reads the settings once
+and hands values to gunicorn (and to prometheus_client, through `serve`'s environment).
+The master never imports torch: each worker (worker.py) loads the model after fork
+(CUDA cannot survive a fork).
 """
 
-import os
 import shutil
 
 # Imported here, in the master, before any fork: the workers inherit prometheus_client's
@@ -25,7 +26,7 @@ worker_class = "smserve.http.worker.GeventModelWorker"
 if _settings.workers:
     workers, _workers_reason = _settings.workers, "SAGEMAKER_MODEL_SERVER_WORKERS"
 else:
-    _plan = hardware.default_plan(_settings.model_dir, _settings.workers_per_gpu)
+    _plan = hardware.default_plan(_settings)
     workers, _workers_reason = _plan.workers, _plan.reason
 # The arbiter kills a worker whose event loop is silent this long. The loop never runs
 # the model (that is the inference thread's job) so only a hung worker trips this; it
@@ -39,6 +40,7 @@ keepalive = 75
 # rest of the path, a query and the version (4,096 bytes; gunicorn's default is 4,094).
 limit_request_line = 3 * MAX_NAME_CHARS + 1024
 preload_app = False
+# Loaded in each worker around the model server it started (GeventModelWorker.load_wsgi).
 wsgi_app = "smserve.routes.app:create_app()"
 logconfig_dict = logs.config_dict(_settings.log_level, _settings.log_format)
 # The worker writes its own access lines (smserve.access: structured, /ping quiet).
@@ -60,21 +62,15 @@ def pre_fork(server, worker):
     worker.smserve_index = next(i for i in range(len(taken) + 1) if i not in taken)
 
 
-def post_fork(server, worker):
-    # The app factory reads the index to pick its device.
-    os.environ["SMSERVE_WORKER_INDEX"] = str(worker.smserve_index)
-    os.environ["SMSERVE_WORKERS"] = str(server.num_workers)
-
-
 def child_exit(server, worker):
     # In the master, the moment a worker is reaped (a crash included): its model no
     # longer serves, so its ready marker goes now, not when a replacement starts.
-    state_dir = os.environ.get("SMSERVE_STATE_DIR")
+    state_dir = _settings.state_dir
     if state_dir and getattr(worker, "smserve_index", None) is not None:
         readiness.clear(state_dir, worker.smserve_index)
     # Its live gauges (pending requests, memory, sessions open, model ready) go with it;
     # its counters' and histograms' files stay, so their sums never go backwards.
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if _settings.metrics_dir:
         multiprocess.mark_process_dead(worker.pid)
 
 
@@ -90,7 +86,7 @@ def worker_exit(server, worker):
 
 def on_exit(server):
     # serve made these folders for the workers' ready markers and metric files.
-    for folder in ("SMSERVE_STATE_DIR", "PROMETHEUS_MULTIPROC_DIR"):
-        if os.environ.get(folder):
-            shutil.rmtree(os.environ[folder], ignore_errors=True)
+    for folder in (_settings.state_dir, _settings.metrics_dir):
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
     server.log.info("shutdown complete")

@@ -63,6 +63,7 @@ from smserve.http.connection import (Close, Connection, RequestSource, SettledCo
                                      connection_cap, make_room, sweep_idle)
 from smserve.http.sending import Sender, SendTimeout, answer_head, reset_on_close, send_error, wsgi_request
 from smserve.routes.table import Request, RouteTable, reason
+from smserve.settings import Settings
 from smserve.http import websocket
 
 log = logging.getLogger(__name__)
@@ -107,9 +108,7 @@ class GeventModelWorker(base.Worker):
             gevent_socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets
         ]
         hub.reinit()
-        from smserve.settings import Settings
-
-        self.settings = Settings.from_env()
+        self.settings = Settings.from_env()  # this worker's one read: handed down from here
         access.buffer_lines(self.settings.log_format)
         # The loop thread makes many short system calls, each giving up the GIL and
         # waiting to take it back from a busy codec or inference thread, up to the
@@ -140,13 +139,14 @@ class GeventModelWorker(base.Worker):
             self.log.info("Parent changed, shutting down: %s", self)
             sys.exit(0)
 
-    @property
-    def model_server(self):
-        return self.wsgi.extensions["smserve"]
+    def load_wsgi(self):
+        # Index (pre_fork) and count from gunicorn, settings read once; wsgi_app's create_app() wraps this server.
+        from smserve.routes import app
 
-    @property
-    def routes(self) -> RouteTable:
-        return self.wsgi.extensions["smserve.routes"]
+        self.model_server = app.start_server(self.settings, getattr(self, "smserve_index", 0), self.cfg.workers)
+        with app.serving(self.settings, self.model_server):
+            super().load_wsgi()
+        self.routes: RouteTable = self.wsgi.extensions["smserve.routes"]
 
     # ------------------------------------------------------------ main loop
 

@@ -8,8 +8,6 @@ are read without prometheus_client's value lock).
 
 from __future__ import annotations
 
-import os
-
 # Imported with the metrics (enable), not at the first scrape: about 0.1 s of imports on
 # a codec thread, holding the import lock the loop may need meanwhile.
 from prometheus_client import CollectorRegistry
@@ -17,12 +15,17 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
 
 
-def collect(accept: str | None, registry: CollectorRegistry | None) -> tuple[bytes, str]:
+def every_worker(folder: str) -> CollectorRegistry:
+    """Multiprocess mode's registry: the files in folder are the truth, read afresh at
+    each collect."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=folder)
+    return registry
+
+
+def collect(accept: str | None, registry: CollectorRegistry) -> tuple[bytes, str]:
     """(body, Content-Type) as the scraper's Accept asks: OpenMetrics when it names
-    application/openmetrics-text, else Prometheus text 0.0.4. registry: the
-    single-process registry (metrics.registry()); None in multiprocess mode."""
-    if registry is None:  # multiprocess mode: the files are the truth
-        registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    application/openmetrics-text, else Prometheus text 0.0.4. registry:
+    metrics.registry()."""
     encode, content_type = choose_encoder(accept or "")
     return encode(registry), content_type

@@ -10,31 +10,33 @@ thread (exposition.py).
 
 from __future__ import annotations
 
-import os
 import time
 
 from smserve.metrics.tally import Count, Level, Observations, flush
 
 _families = None  # catalog.Catalog once enabled
 _registry = None  # single-process mode's registry (None in multiprocess mode)
+_scraped = None  # what /metrics encodes: _registry, or every worker's files
 _requests: dict = {}  # (route, code) -> (its Count, its route's Observations)
 _durations: dict = {}  # route -> Observations
 _models: dict = {}  # name -> ModelStats
 _users: dict = {}  # name -> how many runners use its ModelStats
 
 
-def enable() -> None:
-    """Create this process's metrics: in multiprocess mode when PROMETHEUS_MULTIPROC_DIR
-    is set (`serve` sets it; prometheus_client reads it when first imported), else in
-    this process only (another WSGI server, Flask's test client). Idempotent."""
-    global _families, _registry
+def enable(folder: str | None = None) -> None:
+    """Create this process's metrics: in multiprocess mode when given the folder
+    (Settings.metrics_dir: PROMETHEUS_MULTIPROC_DIR, which `serve` sets and
+    prometheus_client reads when first imported), else in this process only (another
+    WSGI server, Flask's test client). Idempotent."""
+    global _families, _registry, _scraped
     if _families is not None:
         return
     from prometheus_client import CollectorRegistry
 
     from smserve.metrics import catalog, exposition, process  # noqa: F401 - exposition: its imports, now
 
-    _registry = None if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else CollectorRegistry(auto_describe=True)
+    _registry = None if folder else CollectorRegistry(auto_describe=True)
+    _scraped = exposition.every_worker(folder) if folder else _registry
     _families = catalog.Catalog(_registry)
     _families.workers.set(1)
     process.start_sampling(_families)
@@ -49,7 +51,9 @@ def families():
 
 
 def registry():
-    return _registry
+    """What /metrics encodes: this process's registry, or in multiprocess mode one that
+    reads every worker's files at each collect."""
+    return _scraped
 
 
 def request(route: str, status: int, seconds: float) -> None:

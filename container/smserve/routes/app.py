@@ -1,6 +1,9 @@
 """The Flask application: the route table's handlers as Flask views.
 
-gunicorn calls `create_app()` in each worker after fork; nothing happens at import. Our
+After fork, our gunicorn worker (http/worker.py) starts the model server
+(`start_server`) and loads gunicorn's wsgi_app, `create_app()`, within `serving`, so
+that the app wraps that server; any other WSGI server, or Flask's test client, calls
+`create_app()`, which then reads the settings itself. Nothing happens at import. Our
 gunicorn worker answers the table's routes itself (without werkzeug's request and
 response objects, which cost more than a small inference) and hands everything else to
 this app: so a route a user adds here with `@app.route` (docs/architecture.md) is
@@ -10,13 +13,15 @@ served by any WSGI server, and Flask's test client sees every route.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from typing import Iterator
 
 import flask
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from smserve import metrics
 from smserve.engine.multi_model import MultiModelServer
-from smserve.engine.server import ModelServer, worker_slot_from_env
+from smserve.engine.server import ModelServer
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.routes import endpoints
 from smserve.routes.table import Request, Route, RouteTable, error_response, log_error, reason
@@ -25,14 +30,43 @@ from smserve.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | None = None, server: ModelServer | None = None) -> flask.Flask:
-    settings = settings or Settings.from_env()
+def start_server(settings: Settings, worker_index: int = 0, workers: int | None = None) -> ModelServer:
+    """This worker's model server, loading: worker_index and workers from gunicorn's
+    worker (None workers: as the settings or the host decide)."""
     if settings.metrics:
-        metrics.enable()  # before the model loads: its runner reports through them
+        metrics.enable(settings.metrics_dir)  # before the model loads: its runner reports through them
+    kind = MultiModelServer if settings.multi_model else ModelServer
+    server = kind(settings, worker_index=worker_index, workers=workers, state_dir=settings.state_dir)
+    server.start()
+    return server
+
+
+# The gunicorn worker's settings and model server while gunicorn loads its wsgi_app
+# (`serving`): create_app() there uses them, whether gunicorn or a user's factory calls it.
+_worker: tuple[Settings, ModelServer] | None = None
+
+
+@contextmanager
+def serving(settings: Settings, server: ModelServer) -> Iterator[None]:
+    global _worker
+    _worker = (settings, server)
+    try:
+        yield
+    finally:
+        _worker = None
+
+
+def create_app(settings: Settings | None = None, server: ModelServer | None = None, *,
+               worker_index: int = 0, workers: int | None = None) -> flask.Flask:
+    """The Flask app over a model server: the one given, the gunicorn worker's (`serving`),
+    or one started here (worker_index, workers: which worker of how many this is)."""
+    if settings is None and server is None and _worker is not None:
+        settings, server = _worker
+    settings = settings or Settings.from_env()
     if server is None:
-        serving = MultiModelServer if settings.multi_model else ModelServer
-        server = serving(settings, **worker_slot_from_env())
-        server.start()
+        server = start_server(settings, worker_index, workers)
+    elif settings.metrics:
+        metrics.enable(settings.metrics_dir)
     app = flask.Flask("smserve")
     # Werkzeug refuses a larger body with 413 from Content-Length, before reading it.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
