@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,15 @@ def textgen_dir(tmp_path_factory) -> Path:
                             capture_output=True, text=True, check=True, timeout=300)
     assert "held-out perplexity" in result.stdout and "train loss" in result.stdout
     return out / "textgen"
+
+
+@pytest.fixture(scope="session")
+def textgen_hooks(textgen_dir):
+    """textgen's packaged code/inference.py, loaded by path as the server loads it."""
+    spec = importlib.util.spec_from_file_location("textgen_packaged_inference", textgen_dir / "code" / "inference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -1,30 +1,19 @@
 """The textgen example trains to a real language model, deterministically (training runs:
 seconds to a minute; kept out of the unit suite)."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
 
-@pytest.fixture(scope="session")
-def hooks(textgen_dir):
-    """The packaged code/inference.py, loaded by path as the server loads it."""
-    name = "textgen_packaged_inference_training"
-    spec = importlib.util.spec_from_file_location(name, textgen_dir / "code" / "inference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_held_out_perplexity_is_far_below_uniform(hooks, textgen_dir):
+def test_held_out_perplexity_is_far_below_uniform(textgen_hooks, textgen_dir):
     from model.textgen.train import load_corpus, perplexity
 
     # Plain tensors only: the artifact loads with weights_only=True.
     state = torch.load(textgen_dir / "weights.pt", weights_only=True)
     assert all(isinstance(t, torch.Tensor) for t in state.values())
-    generator = hooks.load_generator(str(textgen_dir))
+    generator = textgen_hooks.load_generator(str(textgen_dir))
     _, held_out = load_corpus()
     # Recomputed from the saved artifact, not read from what training printed.
     measured = perplexity(generator.network, generator.vocab, held_out)

@@ -1,7 +1,6 @@
 """The textgen example: a real language model, built deterministically, and its serving
 hooks exercised as the server calls them, from the packaged code/inference.py."""
 
-import importlib.util
 import json
 import tarfile
 import types
@@ -13,13 +12,8 @@ from tests.conftest import TEXTGEN_FILES as ARTIFACT_FILES
 
 
 @pytest.fixture(scope="session")
-def hooks(textgen_dir):
-    """The packaged code/inference.py, loaded by path as the server loads it."""
-    name = "textgen_packaged_inference"
-    spec = importlib.util.spec_from_file_location(name, textgen_dir / "code" / "inference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def hooks(textgen_hooks):
+    return textgen_hooks
 
 
 @pytest.fixture(scope="session")
