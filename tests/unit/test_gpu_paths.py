@@ -296,6 +296,14 @@ def test_a_compiled_model_is_warmed_at_batch_1_2_and_the_max(dynamo_errors):
     assert torch._dynamo.config.suppress_errors  # a later recompile falls back, never a 500
 
 
+def test_a_compiled_model_is_warmed_at_the_served_max_batch_not_only_the_metadatas():
+    loaded = probe_model()  # metadata: max_batch_size 8
+    loaded.compiled = "default"
+    assert [b["x"].shape[0] for b in loaded._warm_up_inputs()] == [1, 2, 8]
+    # SMSERVE_MAX_BATCH_SIZE (or SAGEMAKER_TS_BATCH_SIZE) is what passes are cut at: its peak memory is paid now
+    assert [b["x"].shape[0] for b in loaded._warm_up_inputs(32)] == [1, 2, 32]
+
+
 def test_a_compile_failure_is_a_warning_and_the_model_serves_uncompiled(dynamo_errors, caplog):
     def broken_backend(graph, example_inputs):
         raise RuntimeError("no C compiler here\nline 2\nline 3\nline 4 of a long log")

@@ -282,7 +282,7 @@ class LoadedModel:
             return array.astype(np.float32)
         return array
 
-    def warm_up(self) -> bool:
+    def warm_up(self, max_batch: int | None = None) -> bool:
         """A forward pass on zeros, so the first real request pays no compile or
         allocation cost. Skipped when the input shapes are not fully known, or when the
         user's predict_fn decides what its data looks like.
@@ -291,8 +291,8 @@ class LoadedModel:
         one graph for every batch size from 2; reduce-overhead still records a CUDA
         graph per new size as it comes) and at the max batch size (the peak memory is
         paid now). If that fails and the uncompiled model does not, the uncompiled one
-        serves."""
-        batches = self._warm_up_inputs()
+        serves. max_batch: the served one (the settings'), else the metadata's."""
+        batches = self._warm_up_inputs(max_batch)
         if batches is None:
             if self.uncompiled is not None:
                 _tolerate_compile_errors()
@@ -318,13 +318,14 @@ class LoadedModel:
         self._run_warm_up(batches)
         return True
 
-    def _warm_up_inputs(self) -> list[dict[str, np.ndarray]] | None:
+    def _warm_up_inputs(self, max_batch: int | None = None) -> list[dict[str, np.ndarray]] | None:
         if not self.metadata.inputs or self.hooks.predict_fn is not None:
             return None
         batched = self.metadata.max_batch_size > 0
         sizes = [1]
         if batched and self.compiled not in ("off", "failed"):
-            sizes = sorted({1, min(2, self.metadata.max_batch_size), self.metadata.max_batch_size})
+            top = max_batch or self.metadata.max_batch_size
+            sizes = sorted({1, min(2, top), top})
         batches = []
         for size in sizes:
             inputs = {}
@@ -480,10 +481,10 @@ def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mo
 
 
 def load_and_warm(model_dir: str, device: torch.device, autocast: str = "off", compile_mode: str = "off",
-                  script=None, single: bool = True) -> LoadedModel:
+                  script=None, single: bool = True, max_batch: int | None = None) -> LoadedModel:
     started = time.monotonic()
     loaded = load(model_dir, device, autocast, compile_mode, script, single)
-    warmed = loaded.warm_up()
+    warmed = loaded.warm_up(max_batch)
     log.info(
         "model loaded from %s on %s in %.2fs (%s; autocast %s, compile %s%s)",
         model_dir,

@@ -150,7 +150,8 @@ class ModelServer:
             torch.set_num_threads(self.settings.torch_threads or max(1, hardware.cpu_count() // self.workers))
         self.model = model_module.load_and_warm(self.model_dir, device,
                                                 self.settings.autocast, self.settings.compile_mode,
-                                                script=toolkit.script_of(self.settings), single=self.name is None)
+                                                script=toolkit.script_of(self.settings), single=self.name is None,
+                                                max_batch=self.settings.max_batch_size)
         self.hook_processes = self._start_hook_processes()
 
     def _start_hook_processes(self):
