@@ -193,3 +193,16 @@ def test_a_request_bigger_than_a_pass_runs_whole_until_the_trial_has_kept_batchi
     assert runner.passes(leaves) == 1
     assert batch_plan.difference(runner.infer(leaves, None, form), alone(runner, big)) is None
     assert not runner.unsplittable and not runner.trial.tried
+
+
+@pytest.mark.parametrize("predict_fn", [
+    lambda data, model: model(data).sum(),  # a 0-d tensor a pass
+    lambda data, model: model(data).sum().detach().numpy(),  # a 0-d array a pass
+])
+def test_with_batching_declared_a_request_whose_passes_answer_one_value_each_runs_whole(predict_fn):
+    runner = on_trial(predict_fn=predict_fn)
+    runner.trial = None  # declared (metadata.json's max_batch_size): no trial
+    big = torch.arange(36.0).view(12, 3)  # 12 records: passes of 8 and 4
+    form, leaves = batchable.flatten(big, ("x",))
+    assert runner.passes(leaves) == 2
+    assert batch_plan.difference(runner.infer(leaves, None, form), alone(runner, big)) is None

@@ -190,6 +190,8 @@ def join(parts: list, rows: Sequence[int]):
         return parts[0]
     first = parts[0]
     if _is_leaf(first):
+        if any(not _is_leaf(part) or part.ndim == 0 for part in parts):  # one value a pass: nothing to join
+            raise Unsplittable(f"{_described(first)} has no dimension 0 to join along")
         if is_tensor(first):
             import torch  # the tensor's own library: present wherever a tensor is
 

@@ -132,7 +132,12 @@ class Runner:
         if any(is_stream(r) for r in results):
             return self._whole(results, inputs, context, form)
         if form is not None:
-            return main_lane.call(batchable.join, results, pass_rows(rows_of(inputs), self.max_batch_size))
+            try:
+                return main_lane.call(batchable.join, results, pass_rows(rows_of(inputs), self.max_batch_size))
+            except batchable.Unsplittable as e:  # its passes' answers are no request's: it runs whole
+                log.warning("the model's answers to the %d passes of one request cannot be joined (%s): it runs "
+                            "again as one pass", len(results), e)
+                return self._lone(inputs, context, form)
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}
 
     def passes(self, inputs: Arrays) -> int:
