@@ -200,16 +200,10 @@ class Runner:
         if rows == self.max_batch_size and self._idle() and not self._polled.others_ready():
             # A request that fills a pass by itself, with no pass to wait for and no other
             # request about to be read: nothing can join it, so it skips the batcher's
-            # queue and its two hand-offs through the hub (about 30 us at -c 1).
-            # (A smaller request is queued even when the model is idle: requests read in
-            # the same turn of the loop join it there, where going straight to a pass of
-            # its own made them wait for it and ran more, smaller passes: 15 % fewer
-            # req/s at batch 1. A full one is queued when the loop's last poll left other
-            # greenlets ready: they read and decode their requests first, then the
-            # batcher runs the passes back to back and the answers are written one after
-            # another, each kind of work with its caches warm, where a pass between each
-            # request's decode and encode cooled them: +12 % req/s at batch 256, -c 16,
-            # docs/performance.md.) Requests that arrive meanwhile queue up for the batcher.
+            # queue and its hand-offs. A smaller one is queued even when the model is
+            # idle, so requests read in the same turn of the loop join it; a full one is
+            # queued when other greenlets are ready, so their decodes run first and the
+            # passes back to back (docs/performance.md).
             return self._pass_alone(inputs, rows, form)
         return _QUEUED
 

@@ -46,10 +46,8 @@ class Pools:
 
     @classmethod
     def for_worker(cls, settings: Settings, workers: int) -> "Pools":
-        # Hooks decode images and text per request: the worker's share of the cores, so
-        # that one worker of a GPU host reads JPEG as fast as its GPU runs the model, and
-        # no more: two workers with two hook threads each on two cores starved their event
-        # loops (/ping p99 55-210 ms at 3,500 req/s through an input_fn; 3-9 ms with one).
+        # Hooks decode images and text per request: the worker's share of the cores, and
+        # no more, since more hook threads than cores starve the event loops (and /ping).
         hooks = settings.hook_threads or max(1, hardware.cpu_count() // max(1, workers))
         # With hook processes, a hook thread only waits on one: as many as there are.
         hooks = max(hooks, settings.hook_processes)
