@@ -42,9 +42,8 @@ from pathlib import Path
 
 import numpy as np
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
-from local_test.server_process import HTTPProcess, ServerProcess, free_port
+from local_test.server_process import HTTPProcess, ServerProcess, free_port, passes_and_records
 
 REFERENCE = Path(__file__).with_name("compat_check_reference.py")
 MANIFEST = "manifest.json"
@@ -250,18 +249,11 @@ def our_batching(url: str, log: Path, sent: int) -> str:
     and how many forward passes its answers took: fewer passes than requests is batching."""
     said = [line.split("batching", 1)[1].strip(" :") for line in log.read_text(errors="replace").splitlines()
             if "batching: " in line or "batching off: " in line]
-    passes = records = 0
     deadline = time.monotonic() + 5
-    while True:  # each worker writes its counts at least once a second
-        text = requests.get(url + "/metrics", timeout=10).text
-        passes = records = 0
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                passes += sample.value if sample.name == "smserve_batches_total" else 0
-                records += sample.value if sample.name == "smserve_inferences_total" else 0
-        if passes >= 1 or time.monotonic() > deadline:
-            break
+    passes, records = passes_and_records(url)
+    while passes == 0 and time.monotonic() < deadline:  # other workers write their counts each second
         time.sleep(0.2)
+        passes, records = passes_and_records(url)
     return (f"this server: {sent} requests in {int(passes)} forward passes ({int(records)} records); "
             f"batching {' / '.join(said) or 'not said'}")
 

@@ -125,3 +125,18 @@ def copy_model(src: Path, dst: Path, inference_py: str | None = None) -> Path:
         (dst / "code").mkdir(exist_ok=True)
         (dst / "code" / "inference.py").write_text(inference_py)
     return dst
+
+
+def passes_and_records(url: str, model: str | None = None) -> tuple[int, int]:
+    """(forward passes, records inferred) so far, of one model or of all, over every
+    worker (its /metrics): their ratio is the mean batch size. A scrape has the answering
+    worker's counts exact and the others' at most a second old."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(url + "/metrics", timeout=10).text
+    totals = {"smserve_batches_total": 0.0, "smserve_inferences_total": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals and model in (None, sample.labels.get("model")):
+                totals[sample.name] += sample.value
+    return int(totals["smserve_batches_total"]), int(totals["smserve_inferences_total"])

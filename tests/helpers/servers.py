@@ -10,6 +10,7 @@ from typing import Callable, Iterable, TypeVar
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from local_test import server_process
 from local_test.server_process import ServerProcess
 
 T = TypeVar("T")
@@ -106,13 +107,5 @@ def pending_requests(server: ServerProcess) -> int:
 
 
 def passes_and_records(server: ServerProcess, model: str) -> tuple[int, int]:
-    """(forward passes, records inferred) of a model so far, over every worker: their
-    ratio is the mean batch size. A scrape has the answering worker's counts exact and
-    the others' at most a second old."""
-    text = requests.get(server.url + "/metrics", timeout=10).text
-    totals = {"smserve_batches_total": 0.0, "smserve_inferences_total": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in totals and sample.labels.get("model") == model:
-                totals[sample.name] += sample.value
-    return int(totals["smserve_batches_total"]), int(totals["smserve_inferences_total"])
+    """(forward passes, records inferred) of a model so far, over every worker."""
+    return server_process.passes_and_records(server.url, model)
