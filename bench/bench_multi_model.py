@@ -254,7 +254,7 @@ def ping_only(args) -> None:
 def big_models(work: Path) -> dict[str, tuple[Path, float]]:
     """One ~100 MB model (Linear(5120, 5120)) in each saved form: TorchScript's loader
     holds the GIL while it reads the weights, torch.export's is read with it released
-    (engine/weights.py)."""
+    (engine/model/weights.py)."""
     import warnings
 
     import torch

@@ -5,7 +5,7 @@
 DIR holds model.pt2 (torch.export.save) or model.pt (torch.jit.save). Writes, next to it:
 
 - metadata.json: what the server derives from the model when the file is absent (the
-  same code, container/smserve/engine/loaded_model.py), with a comment on each field,
+  same code, container/smserve/engine/worker/loaded_model.py), with a comment on each field,
   so that what is guessed can be corrected: names, shapes, the batch size, class labels.
 - code/inference.py: the four SageMaker PyTorch hooks, all commented out; uncomment
   the ones you need.
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "container"))
 
 from smserve.core.metadata import METADATA_FILE, ModelMetadata  # noqa: E402
-from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError  # noqa: E402
+from smserve.engine.model.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError  # noqa: E402
 
 INFERENCE_PY = '''\
 """Hooks for {name}, as in SageMaker's PyTorch toolkit. Each one defined replaces that
@@ -78,8 +78,8 @@ def derive(model_dir: Path) -> tuple[ModelMetadata, str, str | None]:
     """(metadata, artifact name, a note on its outputs or None): exactly what the server
     derives without metadata.json, read the way the server reads the file (a pickle is
     refused, with how to save the model instead)."""
-    from smserve.engine import artifacts
-    from smserve.engine.derived import from_export, from_torchscript
+    from smserve.engine.model import artifacts
+    from smserve.engine.model.derived import from_export, from_torchscript
 
     try:
         if (model_dir / EXPORTED).exists():
@@ -96,7 +96,7 @@ def derive(model_dir: Path) -> tuple[ModelMetadata, str, str | None]:
 
 def _torchscript_outputs_note(module) -> str:
     """What forward's return type says about the outputs, for metadata.json's comment."""
-    from smserve.engine.derived import torchscript_output_count
+    from smserve.engine.model.derived import torchscript_output_count
 
     returned = str(module.forward.schema.returns[0].type) if module.forward.schema.returns else "?"
     count = torchscript_output_count(module)

@@ -1,5 +1,7 @@
 """Errors that carry their HTTP status; the app turns them into responses in one place."""
 
+import os
+
 
 class HTTPError(Exception):
     """An error the client should see, with the HTTP status that describes it."""
@@ -102,3 +104,17 @@ def json_error_body(message: str) -> bytes:
     import json
 
     return json.dumps({"error": message}, separators=(",", ":")).encode()
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))  # smserve/
+
+
+def user_frames_first(error: BaseException):
+    """exc_info for error whose traceback starts where the server handed over to the
+    user's code (a hook, the model): the server's own frames above it say nothing to
+    the hook's author."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None and \
+            os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        tb = tb.tb_next
+    return type(error), error, tb

@@ -102,7 +102,7 @@ class Settings:
     # share of the cores, at least 1).
     hook_threads: int | None = None
     # Processes per worker that run the models' input_fn and output_fn instead (0: off,
-    # they run on the hook threads): each its own GIL (engine/hook_processes.py).
+    # they run on the hook threads): each its own GIL (engine/hooks/processes.py).
     hook_processes: int = 0
     torch_threads: int | None = None
     device: str = "auto"
@@ -118,7 +118,7 @@ class Settings:
     # stays up, so that the endpoint reports the failure and the log says why.
     exit_on_load_error: bool = False
     # SageMaker's multi-model endpoints: no model at start; the /models API loads and
-    # unloads them (docs/multi-model.md). None room: measured (engine/multi_model.py).
+    # unloads them (docs/multi-model.md). None room: measured (engine/multimodel/server.py).
     multi_model: bool = False
     models_memory_mb: int | None = None
     # How long POST /models waits for every worker to load a model before it gives the
@@ -131,7 +131,7 @@ class Settings:
     metrics: bool = True
     # The model's script in its code/ folder, as the SageMaker SDK's entry_point names
     # it; SAGEMAKER_SUBMIT_DIRECTORY may hold it instead, where that is a local folder
-    # (engine/toolkit.py).
+    # (engine/hooks/toolkit.py).
     program: str = "inference.py"
     submit_directory: str | None = None
     # Set by `serve` and the container runtime, not by users (_RUNTIME): the workers'

@@ -91,7 +91,7 @@ def test_text_log_one_traceback_per_500_none_for_the_400_none_of_gevent(picky_mo
         in refused[0], log
     # One ERROR line per 500: the failure's own, not a second one from the route.
     assert log.count(" ERROR ") == 2, log
-    assert "INFO smserve.engine.hooks: hooks: input_fn from code/inference.py" in log
+    assert "INFO smserve.engine.hooks.script: hooks: input_fn from code/inference.py" in log
 
 
 def test_json_log_is_one_object_a_line_with_the_traceback_in_a_field(picky_model, tmp_path):

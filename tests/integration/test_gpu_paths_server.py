@@ -14,7 +14,7 @@ import requests
 import torch
 
 from local_test.server_process import ServerProcess
-from smserve.engine import loaded_model as model_module
+from smserve.engine.worker import loaded_model as model_module
 
 NPY = "application/x-npy"
 

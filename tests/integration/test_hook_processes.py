@@ -133,7 +133,7 @@ def test_arrays_sent_to_a_process_that_died_are_removed(tmp_path):
 
     import numpy as np
 
-    from smserve.engine.hook_processes import HookProcessDied, HookProcesses
+    from smserve.engine.hooks.processes import HookProcessDied, HookProcesses
 
     folder = model_dir_with(tmp_path, PROCESS_HOOKS, "process-hooks")
     processes = HookProcesses(str(folder), 1, timeout_s=60)

@@ -5,7 +5,7 @@ from input_fn, predict_fn and output_fn. Each alone and beside ordinary requests
 passes on the loop's thread and passes on the inference thread alike), as a session's
 state, and on a multi-model endpoint, with 2 workers a server. After all of it the
 workers are the same processes (torch's errors on a greenlet's stack were SIGSEGV:
-engine/main_lane.py)."""
+engine/runtime/main_lane.py)."""
 
 from __future__ import annotations
 

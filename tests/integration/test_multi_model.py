@@ -310,7 +310,7 @@ def test_a_restarted_worker_loads_every_model_before_it_serves(servers, models):
         os.kill(victim, signal.SIGKILL)
         successor = wait_until(lambda: (worker_pids(server) - before), timeout=30).pop()
         # The successor loads 'a' before it takes a connection; from then on both answer.
-        assert wait_until(lambda: f"[{successor}] INFO smserve.engine.multi_model: multi-model: 'a' loaded"
+        assert wait_until(lambda: f"[{successor}] INFO smserve.engine.multimodel.server: multi-model: 'a' loaded"
                           in server.log(), timeout=60)
         codes = [invoke(server, "a").status_code for _ in range(40)]
         assert codes == [200] * 40

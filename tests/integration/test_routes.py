@@ -122,7 +122,7 @@ def test_a_percent_encoded_model_name_reaches_the_v2_route(example_server):
 
 def test_flask_test_client_sees_the_same_table(example_model_dir):
     """Every route the worker answers is answered by the Flask app too (other WSGI servers)."""
-    from smserve.engine.server import ModelServer
+    from smserve.engine.worker.server import ModelServer
     from smserve.routes.app import create_app
     from smserve.settings import Settings
 

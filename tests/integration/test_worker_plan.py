@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from smserve.engine import hardware
+from smserve.engine.worker import hardware
 
 
 def _fake_gpu_env(tmp_path, memory_mib: int) -> dict[str, str]:

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from smserve.core.metadata import ModelMetadata
-from smserve.engine import batch_plan, batchable
-from smserve.engine import loaded_model as model_module
-from smserve.engine.hooks import Hooks
-from smserve.engine.runner import Runner
+from smserve.engine.batching import plan as batch_plan
+from smserve.engine.batching import batchable
+from smserve.engine.worker import loaded_model as model_module
+from smserve.engine.hooks.script import Hooks
+from smserve.engine.batching.runner import Runner
 from smserve.settings import Settings
 
 DLC = {"SAGEMAKER_TS_BATCH_SIZE": "8", "SAGEMAKER_TS_MAX_BATCH_DELAY": "100000"}

@@ -1,4 +1,4 @@
-"""engine/batchable.py: what an input_fn's value is to the batcher (named leaves along
+"""engine/batching/batchable.py: what an input_fn's value is to the batcher (named leaves along
 dimension 0 and the form that rebuilds it), and a prediction cut back into requests."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from smserve.engine import batchable
-from smserve.engine.batchable import NotBatchable, Unsplittable
+from smserve.engine.batching import batchable
+from smserve.engine.batching.batchable import NotBatchable, Unsplittable
 
 
 def test_a_cpu_tensor_becomes_a_numpy_view_of_its_memory_and_comes_back_a_tensor():

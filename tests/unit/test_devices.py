@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from smserve.engine import hardware
-from smserve.engine.loaded_model import ModelLoadError, choose_device
+from smserve.engine.worker import hardware
+from smserve.engine.worker.loaded_model import ModelLoadError, choose_device
 from smserve.settings import Settings
 
 

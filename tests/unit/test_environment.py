@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from smserve.engine import hardware
+from smserve.engine.worker import hardware
 from smserve.settings import Settings, child_environment
 
 PACKAGE = Path(__file__).resolve().parents[2] / "container" / "smserve"

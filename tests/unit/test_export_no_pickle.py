@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
-from smserve.engine import artifacts
-from smserve.engine.artifacts import ModelLoadError
+from smserve.engine.model import artifacts
+from smserve.engine.model.artifacts import ModelLoadError
 from tests.helpers.unsafe_archives import CHANGES, Small, unsafe_export
 
 

@@ -7,7 +7,7 @@ import gevent
 import numpy as np
 import pytest
 
-from smserve.engine.runner import Runner
+from smserve.engine.batching.runner import Runner
 
 
 class StagingRecorder:
@@ -59,10 +59,10 @@ import logging  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 
-from smserve.engine import loaded_model as model_module  # noqa: E402
-from smserve.engine.hooks import Hooks  # noqa: E402
+from smserve.engine.worker import loaded_model as model_module  # noqa: E402
+from smserve.engine.hooks.script import Hooks  # noqa: E402
 from smserve.core.metadata import ModelMetadata, TensorSpec  # noqa: E402
-from smserve.engine.staging import MIN_BYTES, HostStaging  # noqa: E402
+from smserve.engine.model.staging import MIN_BYTES, HostStaging  # noqa: E402
 
 
 def address(array):
@@ -309,10 +309,10 @@ def test_a_compile_failure_is_a_warning_and_the_model_serves_uncompiled(dynamo_e
         raise RuntimeError("no C compiler here\nline 2\nline 3\nline 4 of a long log")
 
     loaded, eager = compiled_probe(broken_backend)
-    with caplog.at_level(logging.WARNING, logger="smserve.engine.loaded_model"):
+    with caplog.at_level(logging.WARNING, logger="smserve.engine.worker.loaded_model"):
         assert loaded.warm_up()
     assert loaded.compiled == "failed" and loaded.model is eager
-    warning = next(r for r in caplog.records if r.name == "smserve.engine.loaded_model" and r.levelno == logging.WARNING)
+    warning = next(r for r in caplog.records if r.name == "smserve.engine.worker.loaded_model" and r.levelno == logging.WARNING)
     assert "SMSERVE_COMPILE=default failed, serving the model uncompiled" in warning.getMessage()
     assert "no C compiler here" in warning.getMessage() and "line 4" not in warning.getMessage()
     with torch.no_grad():
@@ -328,7 +328,7 @@ def test_a_model_that_fails_uncompiled_too_is_a_load_error(dynamo_errors):
 
 def test_torchscript_and_non_modules_are_not_compiled(caplog):
     scripted = torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2))
-    with caplog.at_level(logging.WARNING, logger="smserve.engine.loaded_model"):
+    with caplog.at_level(logging.WARNING, logger="smserve.engine.worker.loaded_model"):
         assert model_module.compile_model(scripted, "max-autotune") is None
         assert model_module.compile_model(object(), "default") is None
     messages = [r.getMessage() for r in caplog.records]
@@ -339,7 +339,7 @@ def test_compile_is_skipped_where_gevent_would_deadlock_its_subprocesses(monkeyp
     from gevent import monkey
 
     monkeypatch.setattr(monkey, "is_object_patched", lambda module, name: (module, name) == ("os", "close"))
-    with caplog.at_level(logging.WARNING, logger="smserve.engine.loaded_model"):
+    with caplog.at_level(logging.WARNING, logger="smserve.engine.worker.loaded_model"):
         assert model_module.compile_model(torch.nn.Linear(2, 2), "default") is None
     assert "SMSERVE_COMPILE=default ignored, serving the model uncompiled" in caplog.text
     assert "os.close" in caplog.text

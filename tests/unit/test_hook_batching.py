@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from smserve.core.metadata import ModelMetadata, TensorSpec
-from smserve.engine import batch_plan, batchable
-from smserve.engine.hook_chain import HookChain
-from smserve.engine import loaded_model as model_module
-from smserve.engine.hooks import Hooks
-from smserve.engine.runner import Runner
+from smserve.engine.batching import plan as batch_plan
+from smserve.engine.batching import batchable
+from smserve.engine.hooks.chain import HookChain
+from smserve.engine.worker import loaded_model as model_module
+from smserve.engine.hooks.script import Hooks
+from smserve.engine.batching.runner import Runner
 from smserve.protocols import dispatch
 from smserve.settings import Settings
 
@@ -168,7 +169,7 @@ def test_the_workers_gpu_is_made_current_once_on_each_thread_that_runs_hooks(mon
 
 
 def test_the_inference_thread_takes_the_workers_gpu_before_the_model_loads(monkeypatch, example_model_dir):
-    from smserve.engine.server import ModelServer
+    from smserve.engine.worker.server import ModelServer
     from smserve.settings import Settings
 
     order = []

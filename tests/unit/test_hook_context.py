@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from smserve.core.context import RequestContext, response_custom_attributes
-from smserve.engine.hooks import Hooks
+from smserve.engine.hooks.script import Hooks
 from smserve.routes.table import RouteTable
 from smserve.streaming.session import SessionContext
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from smserve.engine import hook_transport
-from smserve.engine.hook_transport import SHARED_BYTES, _Shared, release, restored, shareable
+from smserve.engine.hooks import transport as hook_transport
+from smserve.engine.hooks.transport import SHARED_BYTES, _Shared, release, restored, shareable
 
 BIG = SHARED_BYTES // 4 + 1  # float32 elements past the shared-memory size
 

@@ -1,6 +1,7 @@
-"""The server package's modules import one another without a cycle (docs/architecture.md),
-counting the imports made inside functions too: such an import only hides a cycle until
-the function first runs."""
+"""The server package's modules import one another without a cycle, and only downwards:
+each layer (a folder, or one of engine/'s concept packages) from itself or the layers
+below it (docs/architecture.md). Imports made inside functions count too: such an import
+only hides a cycle or an upward arrow until the function first runs."""
 
 from __future__ import annotations
 
@@ -79,6 +80,72 @@ def test_no_module_of_the_server_imports_itself_back():
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert "smserve.routes.endpoints" in graph["smserve.routes.app"]  # (the walk finds imports)
     assert _cycles(graph) == []
+
+
+# Each layer's rank: a module may import its own layer's modules and those of lower ranks.
+# Layers of one rank do not import each other (settings, logs and metrics are the base
+# modules; routes and streaming sit side by side).
+LAYERS = {
+    "errors": 0, "files": 0, "memo": 0, "": 0,
+    "core": 1,
+    "settings": 2, "logs": 2, "metrics": 2,
+    "codecs": 3,
+    "engine": 4, "engine.runtime": 4,
+    "engine.model": 5,
+    "engine.batching": 6,
+    "engine.hooks": 7,
+    "engine.sessions": 8,
+    "engine.worker": 9,
+    "engine.multimodel": 10,
+    "protocols": 11,
+    "routes": 12, "streaming": 12,
+    "http": 13,
+}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")[1:]
+    if parts[:1] == ["engine"]:
+        return ".".join(parts[:2])
+    return parts[0] if parts else ""
+
+
+_BASE = {"", "errors", "files", "memo", "settings", "logs", "metrics"}
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = _layer(module)
+        for target in sorted(targets):
+            there = _layer(target)
+            beside = LAYERS[there] == LAYERS[here] and there != here and here not in _BASE
+            if LAYERS[there] > LAYERS[here] or beside:
+                found.append(f"{module} ({here}) imports {target} ({there})")
+    return found
+
+
+def test_every_module_sits_in_a_layer_with_a_docstring_that_says_what_it_holds():
+    modules = _modules()
+    layers = {_layer(name) for name in modules}
+    assert layers == LAYERS.keys(), "a new folder needs its rank in LAYERS"
+    for name, path in modules.items():
+        if path.name == "__init__.py" and name.count(".") >= 1:
+            doc = ast.get_docstring(ast.parse(path.read_text()))
+            assert doc and "import" in doc, f"{name}'s __init__ says what it holds and what it may import"
+
+
+def test_imports_go_only_downwards():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert "smserve.engine.runtime.main_lane" in graph["smserve.engine.batching.runner"]  # (the walk finds imports)
+    assert _upward(graph) == []
+
+
+def test_an_upward_import_is_found():
+    graph = {"smserve.engine.batching.runner": {"smserve.engine.hooks.script"},
+             "smserve.routes.app": {"smserve.streaming.session"}}
+    assert len(_upward(graph)) == 2
 
 
 def test_the_metrics_face_hands_on_what_callers_use():

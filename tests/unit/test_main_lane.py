@@ -8,7 +8,7 @@ import pytest
 import torch
 from greenlet import getcurrent
 
-from smserve.engine import main_lane
+from smserve.engine.runtime import main_lane
 
 
 def where() -> tuple[bool, int]:

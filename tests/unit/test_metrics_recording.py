@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from smserve import metrics
-from smserve.engine.passes import records_in
-from smserve.engine.runner import Runner
+from smserve.engine.batching.passes import records_in
+from smserve.engine.batching.runner import Runner
 from smserve.http import access
 from prometheus_client import CollectorRegistry, Histogram
 

@@ -2,7 +2,7 @@
 
 import logging
 
-from smserve.engine import multi_model
+from smserve.engine.multimodel import server as multi_model
 
 
 def test_a_big_torchscript_model_is_warned_of_and_an_export_one_is_not(tmp_path, monkeypatch, caplog):

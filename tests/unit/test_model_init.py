@@ -12,9 +12,9 @@ import torch
 
 from local_test.server_process import ROOT
 from model import init
-from smserve.engine.hooks import load_hooks
+from smserve.engine.hooks.script import load_hooks
 from smserve.core.metadata import ModelMetadata
-from smserve.engine.derived import from_export
+from smserve.engine.model.derived import from_export
 
 
 class TwoHeads(torch.nn.Module):
@@ -81,7 +81,7 @@ def test_torchscript_model_gets_argument_names_and_unknown_shapes(tmp_path):
 @pytest.mark.parametrize("save", ["script", "trace"])
 def test_every_output_of_a_torchscript_tuple_is_listed_as_the_server_derives_it(tmp_path, save):
     """A traced module keeps its tuple return type too; the server derives the same."""
-    from smserve.engine.loaded_model import load
+    from smserve.engine.worker.loaded_model import load
 
     (tmp_path / "m").mkdir()
     example = (torch.zeros(2, 8), torch.zeros(2, 5, dtype=torch.int64))
@@ -147,7 +147,7 @@ def test_an_export_program_named_model_pt_is_told_its_name(tmp_path):
 
 
 def test_the_server_refuses_a_pickled_module_with_the_same_words(tmp_path):
-    from smserve.engine.loaded_model import ModelLoadError, load
+    from smserve.engine.worker.loaded_model import ModelLoadError, load
 
     (tmp_path / "m").mkdir()
     torch.save(TwoHeads(), str(tmp_path / "m" / "model.pt"))

@@ -5,7 +5,7 @@ over a newer one (one full run saw an unload answer 409 for this)."""
 
 import multiprocessing
 
-from smserve.engine.model_registry import LOADING, READY, UNLOADING, SharedRegistry
+from smserve.engine.multimodel.registry import LOADING, READY, UNLOADING, SharedRegistry
 
 
 def test_a_second_withdrawal_of_one_generation_is_refused(tmp_path):

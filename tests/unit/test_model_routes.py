@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from smserve.engine.multi_model import MultiModelServer
+from smserve.engine.multimodel.server import MultiModelServer
 from smserve.routes import endpoints
 from smserve.routes.table import Request
 from smserve.settings import Settings
@@ -49,7 +49,7 @@ def test_a_name_sagemaker_could_not_send_is_400_before_anything_is_registered(ap
 
 @pytest.mark.parametrize("name", ["a", "a" * 1024, "customers/acme.tar.gz", "a b", "!~%20?#\"'\\"])
 def test_a_name_sagemaker_may_send_passes_the_check(api, name):
-    from smserve.engine.model_registry import check_name
+    from smserve.engine.multimodel.registry import check_name
 
     check_name(name)
 
@@ -79,7 +79,7 @@ def test_the_request_line_holds_the_longest_name_percent_encoded():
     """Past gunicorn's limit a model's DELETE and invoke would be 414s: loaded for good."""
     from urllib.parse import quote
 
-    from smserve.engine.model_registry import MAX_NAME_CHARS
+    from smserve.engine.multimodel.registry import MAX_NAME_CHARS
     from smserve.http import gunicorn_conf
 
     name = quote("%" * MAX_NAME_CHARS, safe="")
@@ -103,6 +103,6 @@ def test_the_default_models_root_is_sagemakers():
 
 @pytest.mark.parametrize("root", ["{root}", "{root}/", "{root}/m/..", "/"])
 def test_a_folder_under_the_models_root_passes_however_the_root_is_written(api, root):
-    from smserve.engine.multi_model import _check_model_folder
+    from smserve.engine.multimodel.server import _check_model_folder
 
     _check_model_folder(str(api.root / "m" / "model"), root.format(root=api.root))

@@ -3,7 +3,7 @@
 import pytest
 
 from smserve.errors import ServerError, Unavailable
-from smserve.engine.server import FAILED, READY, ModelServer
+from smserve.engine.worker.server import FAILED, READY, ModelServer
 from smserve.settings import Settings
 
 
@@ -36,7 +36,7 @@ def test_failed_load_is_500_with_the_reason():
 
 
 def test_a_multi_model_server_is_up_once_every_worker_can_take_a_load(tmp_path):
-    from smserve.engine.multi_model import MultiModelServer
+    from smserve.engine.multimodel.server import MultiModelServer
 
     first, second = (MultiModelServer(Settings(), worker_index=i, workers=2, state_dir=str(tmp_path)) for i in range(2))
     with pytest.raises(Unavailable, match="starting"):

@@ -32,7 +32,7 @@ from smserve.codecs import npy, npz, simple
 from smserve.codecs.records import csvrows, jsondoc
 from smserve.codecs.v2 import header as v2_header
 from smserve.core import session_ids
-from smserve.engine import model_registry
+from smserve.engine.multimodel import registry as model_registry
 from smserve.errors import BadRequest
 from smserve.http import head, sending
 from smserve.http.connection import SettledConfig
@@ -193,7 +193,7 @@ def _cases():
         ("session-id-pairs", session_ids._ID.fullmatch, lambda n: "a-" * (n // 2) + "!"),
         ("session-id-ours", session_ids._OURS.fullmatch, lambda n: "1-aaaaaaaa-" + "a" * n),
         ("session-id-requested", _refused(session_ids.requested), lambda n: "a" + "-" * n + "!"),
-        # ---- paths and names (routes/, engine/model_registry.py), an answer's header values
+        # ---- paths and names (routes/, engine/multimodel/registry.py), an answer's header values
         ("route-path-name", lambda path: table.match("GET", path), lambda n: "/v2/models/" + "a" * n + "/x"),
         ("route-path-version", lambda path: table.match("POST", path),
          lambda n: "/v2/models/m/versions/" + "a" * n + "/inferx"),

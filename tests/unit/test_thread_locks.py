@@ -19,8 +19,8 @@ AUDIT = textwrap.dedent('''
     from gevent import monkey
     monkey.patch_all(subprocess=False, os=False, signal=False)
     logs.thread_safe_logging()
-    from smserve.engine import weights
-    from smserve.engine.hook_processes import HookProcesses
+    from smserve.engine.model import weights
+    from smserve.engine.hooks.processes import HookProcesses
 
     def gevents(lock):
         inner = getattr(lock, "_block", lock)  # (threading._RLock wraps a lock)

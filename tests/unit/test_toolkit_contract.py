@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from smserve.engine import artifacts, loaded_model, toolkit
-from smserve.engine.artifacts import ModelLoadError
-from smserve.engine.hooks import Hooks, load_hooks
+from smserve.engine.model import artifacts
+from smserve.engine.worker import loaded_model
+from smserve.engine.hooks import toolkit
+from smserve.engine.model.artifacts import ModelLoadError
+from smserve.engine.hooks.script import Hooks, load_hooks
 from smserve.errors import BadRequest
 from smserve.settings import Settings, SettingsError, toolkit_notes
 

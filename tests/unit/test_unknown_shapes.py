@@ -19,8 +19,8 @@ import torch
 from smserve.codecs import simple, v2
 from smserve.errors import BadRequest
 from smserve.core.metadata import ModelMetadata, TensorSpec
-from smserve.engine.derived import from_torchscript
-from smserve.engine.loaded_model import load
+from smserve.engine.model.derived import from_torchscript
+from smserve.engine.worker.loaded_model import load
 
 UNKNOWN = ModelMetadata(inputs=(TensorSpec("input", "FP32", None),), outputs=(TensorSpec("output__0", "FP32", None),))
 # The same model told it is a 1-D tensor of any length: still checked.

@@ -16,7 +16,8 @@ import textwrap
 import torch
 
 from local_test.server_process import ROOT
-from smserve.engine import loaded_model, torch_caches
+from smserve.engine.worker import loaded_model
+from smserve.engine.model import torch_caches
 
 
 def test_an_unloaded_models_metrics_go_and_their_sums_stay(tmp_path):

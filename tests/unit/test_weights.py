@@ -1,4 +1,4 @@
-"""engine/weights.py: a torch.export archive's weights read with the GIL released, into
+"""engine/model/weights.py: a torch.export archive's weights read with the GIL released, into
 the same tensors torch's own reader makes."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import zipfile
 import pytest
 import torch
 
-from smserve.engine import artifacts, weights
+from smserve.engine.model import artifacts
+from smserve.engine.model import weights
 
 
 class Mixed(torch.nn.Module):

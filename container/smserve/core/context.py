@@ -1,7 +1,7 @@
 """A request's context, as the model's hooks see it: SageMaker's headers, the request's
 path and query, and the custom attributes to send back.
 
-`input_fn`, `predict_fn`, `output_fn` (engine/hooks.py) may declare a last parameter
+`input_fn`, `predict_fn`, `output_fn` (engine/hooks/script.py) may declare a last parameter
 named `context`; a `stream_fn` always gets one (streaming/session.py SessionContext,
 which is one of these). One is built per request (per message, in a default WebSocket
 session), and only when a hook asks for it: the headers are wrapped, never copied.
@@ -83,7 +83,7 @@ class RequestContext:
         # As the SageMaker toolkit's context has them (engine/toolkit.system_properties),
         # set with the device.
         self.system_properties: dict = {}
-        # A stateful session's (engine/sessions.py): its state (the hooks may change it,
+        # A stateful session's (engine/sessions/store.py): its state (the hooks may change it,
         # or set another), its ID, and in close_session why it ends.
         self.session = None
         self.session_id: str | None = None

@@ -54,7 +54,7 @@ from gunicorn.http import wsgi
 from gunicorn.workers import base
 
 from smserve import logs
-from smserve.engine import main_lane
+from smserve.engine.runtime import main_lane
 from smserve.http import access
 from smserve.http.handoff import Handoff, session_owner
 from smserve.http.head import PlainHeadParser
@@ -152,7 +152,7 @@ class GeventModelWorker(base.Worker):
 
     def run(self):
         # The worker's life runs in a greenlet; the main greenlet serves the main lane,
-        # the one place on this thread where torch may run (engine/main_lane.py).
+        # the one place on this thread where torch may run (engine/runtime/main_lane.py).
         main_lane.run(self._live)
 
     def _live(self):
@@ -181,7 +181,7 @@ class GeventModelWorker(base.Worker):
         if self.handoff is not None:
             self.handoff.close()
         self.model_server.close_sessions()  # every request answered: through the model's hook
-        from smserve.engine import hook_processes
+        from smserve.engine.hooks import processes as hook_processes
 
         hook_processes.end_all()  # a hung one included
         # Every answer is out and every connection closed. Python's own finalisation

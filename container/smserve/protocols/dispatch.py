@@ -19,7 +19,7 @@ from smserve.core import media
 from smserve.core.context import RequestContext
 from smserve.core.inference import InferenceRequest
 from smserve.core.reply import Reply
-from smserve.engine.hooks import is_stream
+from smserve.engine.batching.batchable import is_stream
 from smserve.errors import BadRequest, Named500, NotAcceptable, ServerError, UnsupportedMediaType
 from smserve.protocols.negotiation import default_accept, negotiate, preferred
 from smserve.settings import Settings

@@ -20,8 +20,8 @@ import flask
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from smserve import metrics
-from smserve.engine.multi_model import MultiModelServer
-from smserve.engine.server import ModelServer
+from smserve.engine.multimodel.server import MultiModelServer
+from smserve.engine.worker.server import ModelServer
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.routes import endpoints
 from smserve.routes.table import Request, Route, RouteTable, error_response, log_error, reason

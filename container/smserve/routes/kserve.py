@@ -11,7 +11,7 @@ from smserve import __version__
 from smserve.codecs import v2
 from smserve.core import session_ids
 from smserve.core.metadata import ModelMetadata
-from smserve.engine.server import READY
+from smserve.engine.worker.server import READY
 from smserve.errors import BadRequest, HTTPError, NotFound
 from smserve.protocols import dispatch
 from smserve.routes import sessions

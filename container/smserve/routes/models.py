@@ -1,5 +1,5 @@
 """SageMaker's multi-model API (SAGEMAKER_MULTI_MODEL=true): load, list, describe,
-invoke and unload models; engine/multi_model.py does the work."""
+invoke and unload models; engine/multimodel/server.py does the work."""
 
 from __future__ import annotations
 

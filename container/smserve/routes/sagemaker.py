@@ -68,7 +68,7 @@ def invocation(server, settings: Settings, request: Request) -> Response:
 def answer_deadline(settings: Settings) -> Iterator[None]:
     """The answer's deadline (SAGEMAKER_MODEL_SERVER_TIMEOUT, or the PyTorch containers'
     SAGEMAKER_TS_RESPONSE_TIMEOUT), for every route that infers: past it the client gets
-    a 504 at once, its work still queued is dropped unrun (engine/runner.py), and a pass
+    a 504 at once, its work still queued is dropped unrun (engine/batching/runner.py), and a pass
     already running ends on the inference thread, its result dropped, so the worker and
     the other requests go on. A streamed answer's deadline is its first part."""
     deadline = gevent.Timeout(settings.request_timeout)

@@ -1,5 +1,5 @@
 """A request in a stateful session (InvokeEndpoint's SessionId): opened, found, answered
-and closed around the request's own answer (engine/sessions.py keeps the state).
+and closed around the request's own answer (engine/sessions/store.py keeps the state).
 
 - `X-Amzn-SageMaker-Session-Id: NEW_SESSION` opens one through the model's
   open_session; the answer carries `X-Amzn-SageMaker-New-Session-Id: <id>;
@@ -23,7 +23,7 @@ import orjson
 
 from smserve.core import media, session_ids
 from smserve.core.context import CUSTOM_ATTRIBUTES
-from smserve.engine.sessions import CLOSED
+from smserve.engine.sessions.store import CLOSED
 from smserve.errors import BadRequest
 from smserve.routes.table import Request, Response, json_response, when_answered
 

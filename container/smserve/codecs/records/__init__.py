@@ -10,6 +10,8 @@ carries finite numbers only (see simple.py's header for the rules).
 - csvrows: CSV;
 - jsonlines: JSON Lines, one record a line (numbers, or named inputs);
 - jsondoc: JSON documents, and the number checks every JSON form shares.
+
+May import: codecs/' own modules, core/ and the base modules.
 """
 
 from smserve.codecs.records.csvrows import MAX_CELL_BYTES, csv

@@ -8,6 +8,8 @@ no torch. One module per step of a request's way through:
 - request: the JSON document and a raw binary body -> InferenceRequest;
 - tensors: one tensor's binary and JSON wire forms, both ways;
 - response: the model's results -> InferenceResponse -> bytes.
+
+May import: codecs/' own modules, core/ and the base modules.
 """
 
 from smserve.codecs.v2.header import (

@@ -41,7 +41,7 @@ from gevent.lock import Semaphore
 
 from smserve import metrics
 from smserve.core import session_ids
-from smserve.engine import main_lane
+from smserve.engine.runtime import main_lane
 from smserve.errors import BadRequest, HTTPError, InsufficientStorage, TooManyRequests, Unavailable
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,14 @@ from gevent.queue import Queue
 from gevent import monkey
 
 from smserve import metrics
-from smserve.engine import batch_plan, batchable, main_lane
-from smserve.engine.passes import Arrays, Chunk, concatenate, cut, pass_rows, records_in, rows_of, split_outputs
-from smserve.engine.hooks import is_stream, user_frames_first
-from smserve.engine.model_thread import ModelThread
-from smserve.engine.priority import poll_clock, yield_cpu_to_the_loop
+from smserve.engine.batching import plan as batch_plan
+from smserve.engine.batching import batchable
+from smserve.engine.runtime import main_lane
+from smserve.engine.batching.passes import Arrays, Chunk, concatenate, cut, pass_rows, records_in, rows_of, split_outputs
+from smserve.engine.batching.batchable import is_stream
+from smserve.errors import user_frames_first
+from smserve.engine.runtime.model_thread import ModelThread
+from smserve.engine.runtime.priority import poll_clock, yield_cpu_to_the_loop
 from smserve.errors import HTTPError, Named500, ServerError
 
 log = logging.getLogger(__name__)
@@ -118,7 +121,7 @@ class Runner:
         """Named arrays in, named arrays out, batched with whatever else is waiting.
         context: the request's, for a predict_fn that takes one; only an unbatched
         model's pass is one request's, so a batched pass gets None. form: the leaves are
-        what a model's input_fn returned (engine/batchable.py), and what comes back is
+        what a model's input_fn returned (engine/batching/batchable.py), and what comes back is
         this request's part of the model's prediction (or its named arrays)."""
         if (self.unsplittable and (form is not None or self.trial)) or self._untried_cut(inputs):
             # The model's predictions could not be cut back into requests: each runs alone.
@@ -212,7 +215,7 @@ class Runner:
         queued now, each next one when the batcher takes the one before (_take): a
         request of 6,000 passes does not stand ahead of one that arrives after its first
         pass, and a request alone still has its next chunk queued while a pass runs."""
-        # (A model's own tensors are sliced where torch may raise: engine/main_lane.py.)
+        # (A model's own tensors are sliced where torch may raise: engine/runtime/main_lane.py.)
         size = self.max_batch_size
         chunks = cut(inputs, size, form) if form is None else main_lane.call(cut, inputs, size, form)
         self.stats.pending(1)
@@ -282,7 +285,7 @@ class Runner:
             try:
                 started = time.monotonic()
                 try:
-                    # On the main greenlet: torch's errors crash any other (engine/main_lane.py).
+                    # On the main greenlet: torch's errors crash any other (engine/runtime/main_lane.py).
                     return started, main_lane.call(fn, *args)
                 finally:
                     held = time.monotonic() - started
@@ -379,7 +382,7 @@ class Runner:
         rows = [item.rows for item in batch]
         try:
             _, outputs = self._forward(sum(rows), self._predict_parts, (arrays, form))
-            # (A model's own prediction is cut where torch may raise: engine/main_lane.py.)
+            # (A model's own prediction is cut where torch may raise: engine/runtime/main_lane.py.)
             parts = split_outputs(outputs, rows) if form is None else main_lane.call(batchable.split, outputs, rows)
         except batchable.Unsplittable as e:
             # Not a request's fault, nor a pass's: the model's answers have no batch

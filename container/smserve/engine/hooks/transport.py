@@ -1,4 +1,4 @@
-"""What crosses between a worker and its hook processes (engine/hook_processes.py), and
+"""What crosses between a worker and its hook processes (engine/hooks/processes.py), and
 the worker's end of their pipes.
 
 Arrays and dense CPU tensors cross through shared memory: the writer makes a file in
@@ -27,7 +27,7 @@ import time
 import numpy as np
 from gevent import monkey
 
-from smserve.engine.batchable import is_tensor
+from smserve.engine.batching.batchable import is_tensor
 from smserve.errors import ServerError
 
 # Arrays this big or bigger cross through shared memory; smaller ones in the pickle.

@@ -6,7 +6,7 @@ server never unloads a model on its own. Each model is a ModelServer of its own:
 hooks, metadata, inference thread and batching queue (two models' requests are never
 batched together), sharing the worker's codec and session threads.
 
-Every worker in step: the models wanted live in a shared folder (engine/model_registry.py)
+Every worker in step: the models wanted live in a shared folder (engine/multimodel/registry.py)
 that every worker follows. The worker that takes `POST /models` registers the model and
 answers 200 once every worker has loaded and warmed it (so no sibling answers 404 or
 503 afterwards), within SMSERVE_MODEL_LOAD_TIMEOUT; a retried POST joins that load.
@@ -35,12 +35,13 @@ import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from smserve.engine import memory, readiness
-from smserve.engine.torch_caches import clear_torch_caches, generated_code
-from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT
-from smserve.engine.model_registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
-from smserve.engine.server import FAILED, ModelServer, Pools
-from smserve.engine.sessions import SessionTable
+from smserve.engine.runtime import memory
+from smserve.engine.worker import readiness
+from smserve.engine.model.torch_caches import clear_torch_caches, generated_code
+from smserve.engine.model.artifacts import EXPORTED, TORCHSCRIPT
+from smserve.engine.multimodel.registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
+from smserve.engine.worker.server import FAILED, ModelServer, Pools
+from smserve.engine.sessions.store import SessionTable
 from smserve.errors import BadRequest, Conflict, InsufficientStorage, NotFound, Unavailable
 from smserve.settings import Settings
 
@@ -433,7 +434,8 @@ def _prepare() -> None:
     rehearsal that fails only leaves those modules to the first load."""
     import torch
 
-    from smserve.engine import derived, loaded_model
+    from smserve.engine.model import derived
+    from smserve.engine.worker import loaded_model
 
     quiet = [logging.getLogger(module.__name__) for module in (loaded_model, derived)]
     try:
@@ -483,7 +485,7 @@ def _check_model_folder(url: str, root: str, program: str = "inference.py") -> N
 def _warn_of_a_big_torchscript(name: str, url: str) -> None:
     """torch.jit.load reads a TorchScript model's weights holding the GIL (~0.7 ms a MB
     on the development machine), and every worker answers nothing meanwhile, /ping
-    included; a torch.export model's are read with it released (engine/weights.py)."""
+    included; a torch.export model's are read with it released (engine/model/weights.py)."""
     path = os.path.join(url, TORCHSCRIPT)
     if os.path.isfile(os.path.join(url, EXPORTED)) or not os.path.isfile(path):
         return

@@ -11,7 +11,7 @@ connection lands on. So what is loaded is not one worker's memory but this folde
 - `<key>.<generation>.w<N>`: worker N holds it: loading it (`{"loading": true}`), or
   loaded (with what that took, or why it failed). Removed when worker N has let it go.
 
-Every worker follows the folder (engine/multi_model.py); the worker that took the API
+Every worker follows the folder (engine/multimodel/server.py); the worker that took the API
 call answers only once every worker has acted, so a 200 means the same everywhere. An
 unloading model is forgotten by whoever sees the last worker let it go (release): the
 caller, or, when the caller gave up waiting, that last worker.

@@ -1,10 +1,10 @@
 """The SageMaker PyTorch inference hooks a model may bring in `code/inference.py` (or the
-script `SAGEMAKER_PROGRAM` names: engine/toolkit.py).
+script `SAGEMAKER_PROGRAM` names: engine/hooks/toolkit.py).
 
 `model_fn(model_dir)`, `input_fn(body, content_type)`, `predict_fn(data, model)`,
 `output_fn(prediction, accept)`: each one defined replaces that built-in step, as in
 the SageMaker PyTorch serving toolkit users already know; so do its `transform_fn`,
-`pre_model_fn` and `model_warmup_fn` (engine/toolkit.py). Two more are this project's:
+`pre_model_fn` and `model_warmup_fn` (engine/hooks/toolkit.py). Two more are this project's:
 a predict_fn that returns an iterator (a generator function's, or any other) streams its
 answer (protocols/streams.py), and `stream_fn(messages, model, context)` serves a
 bidirectional WebSocket session with state kept for the life of the connection
@@ -32,9 +32,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from smserve.engine import toolkit
-from smserve.engine.artifacts import ModelLoadError
-from smserve.errors import BadRequest, HTTPError, ServerError
+from smserve.engine.batching.batchable import is_stream
+from smserve.engine.hooks import toolkit
+from smserve.engine.model.artifacts import ModelLoadError
+from smserve.errors import BadRequest, HTTPError, ServerError, user_frames_first
 
 HOOK_NAMES = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn", "pre_model_fn", "model_warmup_fn",
               "stream_fn", "open_session", "close_session")
@@ -63,11 +64,11 @@ class Hooks:
     predict_fn: Callable | None = None
     output_fn: Callable | None = None
     stream_fn: Callable | None = None
-    # Stateful sessions (engine/sessions.py): open_session(context) -> the state;
+    # Stateful sessions (engine/sessions/store.py): open_session(context) -> the state;
     # close_session(state, context) lets it go.
     open_session: Callable | None = None
     close_session: Callable | None = None
-    # The toolkit's (engine/toolkit.py): transform_fn stands for input_fn, predict_fn and
+    # The toolkit's (engine/hooks/toolkit.py): transform_fn stands for input_fn, predict_fn and
     # output_fn together (made from it here); the other two run once, around model_fn.
     transform_fn: Callable | None = None
     pre_model_fn: Callable | None = None
@@ -162,13 +163,6 @@ class Hooks:
         return self.input_fn is not None or self.output_fn is not None or self.streams
 
 
-def is_stream(value) -> bool:
-    """A hook's result that is an iterator of items to send one by one (a predict_fn's
-    answer, a stream_fn's fragmented message), not one value: a generator, or anything
-    with __next__ that is not an array or a container."""
-    if isinstance(value, (str, bytes, bytearray, memoryview, dict, list, tuple)):
-        return False
-    return inspect.isgenerator(value) or (hasattr(value, "__next__") and not hasattr(value, "shape"))
 
 
 def _context_parameter(fn) -> inspect._ParameterKind | None:
@@ -238,18 +232,6 @@ def hook_error(hook: str, error: Exception, client_fault: bool) -> HTTPError:
     return answer
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # smserve/
-
-
-def user_frames_first(error: BaseException):
-    """exc_info for error whose traceback starts where the server handed over to the
-    user's code (a hook, the model): the server's own frames above it say nothing to
-    the hook's author."""
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None and \
-            os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
-        tb = tb.tb_next
-    return type(error), error, tb
 
 
 # The module names user scripts were registered under (a later model's script may take its place).

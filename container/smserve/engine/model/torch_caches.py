@@ -1,5 +1,5 @@
 """What torch keeps of each model a multi-model worker ever loaded, let go of when the
-model goes (engine/multi_model.py)."""
+model goes (engine/multimodel/server.py)."""
 
 from __future__ import annotations
 

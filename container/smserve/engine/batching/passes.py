@@ -1,5 +1,5 @@
 """Requests cut into forward passes and passes cut back into requests: the row
-arithmetic of the batcher (engine/runner.py), on named arrays, and the chunks it queues."""
+arithmetic of the batcher (engine/batching/runner.py), on named arrays, and the chunks it queues."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from gevent.event import AsyncResult
 
-from smserve.engine import batchable
+from smserve.engine.batching import batchable
 from smserve.errors import BadRequest
 
 Arrays = dict[str, np.ndarray]
@@ -66,7 +66,7 @@ class Chunk:
     inputs: Arrays
     rows: int
     # None: the built-in codecs' named arrays. Else the form of what a model's input_fn
-    # returned (engine/batchable.py): its leaves are the inputs, its prediction is cut
+    # returned (engine/batching/batchable.py): its leaves are the inputs, its prediction is cut
     # back by batchable.split.
     form: batchable.Form | None = None
     result: AsyncResult = field(default_factory=AsyncResult)

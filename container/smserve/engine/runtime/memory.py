@@ -82,7 +82,7 @@ def give_back() -> None:
     """Return freed heap to the system after an unload: glibc keeps freed small blocks in
     its arenas, so without this a worker's RSS would only grow over load/unload cycles.
     (Large tensors are mmap'd and return when freed.) collect() then trim(); a gevent
-    worker runs trim() on a thread (engine/multi_model.py)."""
+    worker runs trim() on a thread (engine/multimodel/server.py)."""
     collect()
     trim()
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from smserve.core.metadata import METADATA_FILE
-from smserve.engine import batchable, main_lane
+from smserve.engine.batching import batchable
+from smserve.engine.runtime import main_lane
 from smserve.errors import HTTPError
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def _declared_note(hooks, max_batch: int, declared: bool) -> str:
 
 class Trial:
     """Batching turned on by a setting for a model without metadata.json, for one
-    runner (engine/runner.py): its first pass of several requests is checked (check);
+    runner (engine/batching/runner.py): its first pass of several requests is checked (check);
     `end` turns batching off, and the runner's `unsplittable` then runs every request
     alone."""
 

@@ -7,7 +7,7 @@ processes that import code/inference.py themselves and run input_fn and output_f
 each with its own interpreter and GIL. A hook thread hands a request to an idle one over
 a pipe and waits on it with the GIL released.
 
-What crosses, and how (engine/hook_transport.py):
+What crosses, and how (engine/hooks/transport.py):
 - a request: its body, content type, and its context's fields (headers, path, query,
   target model, session ID), pickled; the hook's custom attributes for the answer come
   back;
@@ -47,7 +47,7 @@ import weakref
 
 from gevent import monkey
 
-from smserve.engine.hook_transport import Channel, Deadline, SharedMemoryFull, receive, release, restored, send, \
+from smserve.engine.hooks.transport import Channel, Deadline, SharedMemoryFull, receive, release, restored, send, \
     shareable
 from smserve.errors import ServerError, Unavailable
 from smserve.settings import child_environment
@@ -232,7 +232,7 @@ class _Child:
         answers_r, answers_w = os.pipe()
         env = child_environment(PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "smserve.engine.hook_processes", model_dir,
+            self.proc = subprocess.Popen([sys.executable, "-m", "smserve.engine.hooks.processes", model_dir,
                                           str(requests_r), str(answers_w), "single" if single else "one-of-many",
                                           str(os.getpid())],
                                          pass_fds=(requests_r, answers_w), env=env, stdin=subprocess.DEVNULL)
@@ -305,8 +305,8 @@ def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool, work
 
         torch.set_num_threads(1)  # a request's hook, per process: the cores are the processes'
         from smserve.core.context import RequestContext
-        from smserve.engine import toolkit
-        from smserve.engine.hooks import load_hooks
+        from smserve.engine.hooks import toolkit
+        from smserve.engine.hooks.script import load_hooks
         from smserve.settings import Settings
 
         # The script the worker's settings name (SAGEMAKER_PROGRAM): the same environment.
@@ -348,7 +348,7 @@ def _answer(hooks, hook: str, args: tuple, context, held: list[int]) -> tuple:
         if hook == "output_fn":
             args = (restored(args[0]), args[1])
         elif hook == "input_fn":  # decoded here, off the worker's GIL
-            from smserve.engine import toolkit  # imported by _serve already: a look-up
+            from smserve.engine.hooks import toolkit  # imported by _serve already: a look-up
 
             args = (toolkit.text_body(args[0], args[1], hooks.named(hook)), args[1])
         value = function(*args, context) if context is not None else function(*args)
@@ -380,6 +380,6 @@ def _portable(error: BaseException) -> BaseException:
 if __name__ == "__main__":
     # Through the module by its name, not __main__: what it pickles must be found by
     # that name in the worker.
-    from smserve.engine import hook_processes
+    from smserve.engine.hooks import processes
 
-    hook_processes._serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "single", int(sys.argv[5]))
+    processes._serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "single", int(sys.argv[5]))

@@ -16,15 +16,18 @@ import numpy as np
 from gevent.threadpool import ThreadPool
 
 from smserve import logs, metrics
-from smserve.engine import batch_plan, hardware, readiness, toolkit
-from smserve.engine.artifacts import ModelLoadError
-from smserve.engine.hook_chain import HookChain
-from smserve.engine.hooks import hook_error
-from smserve.engine.sessions import SessionTable
+from smserve.engine.batching import plan as batch_plan
+from smserve.engine.worker import hardware
+from smserve.engine.worker import readiness
+from smserve.engine.hooks import toolkit
+from smserve.engine.model.artifacts import ModelLoadError
+from smserve.engine.hooks.chain import HookChain
+from smserve.engine.hooks.script import hook_error
+from smserve.engine.sessions.store import SessionTable
 from smserve.errors import HTTPError, ServerError, Unavailable
 from smserve.core.context import RequestContext
 from smserve.core.metadata import METADATA_FILE, ModelMetadata
-from smserve.engine.runner import Runner
+from smserve.engine.batching.runner import Runner
 from smserve.settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,7 @@ class ModelServer:
                  state_dir: str | None = None, model_dir: str | None = None, name: str | None = None,
                  pools: Pools | None = None, sessions: SessionTable | None = None):
         """model_dir, name, pools, sessions: one model of a multi-model endpoint
-        (engine/multi_model.py), which is loaded from its own folder, named by SageMaker,
+        (engine/multimodel/server.py), which is loaded from its own folder, named by SageMaker,
         and shares the worker's threads and its stateful sessions with the other models."""
         self.settings = settings
         self.model_dir = model_dir or settings.model_dir
@@ -137,7 +140,7 @@ class ModelServer:
     def _load_on_inference_thread(self) -> None:
         import torch  # only workers import torch: the master must not touch CUDA
 
-        from smserve.engine import loaded_model as model_module
+        from smserve.engine.worker import loaded_model as model_module
 
         device = model_module.choose_device(self.settings.device, self.worker_index)
         if device.type == "cuda":
@@ -154,7 +157,7 @@ class ModelServer:
 
     def _start_hook_processes(self):
         """SMSERVE_HOOK_PROCESSES: input_fn and output_fn in processes of their own
-        (engine/hook_processes.py), where the model has them and keeps no sessions."""
+        (engine/hooks/processes.py), where the model has them and keeps no sessions."""
         wanted = self.settings.hook_processes
         hooks = self.model.hooks
         if not wanted or (hooks.input_fn is None and hooks.output_fn is None):
@@ -163,7 +166,7 @@ class ModelServer:
             log.warning("SMSERVE_HOOK_PROCESSES=%d not used: this model keeps sessions, whose state its hooks read "
                         "in the worker; its input_fn and output_fn run on hook threads", wanted)
             return None
-        from smserve.engine.hook_processes import HookProcesses
+        from smserve.engine.hooks.processes import HookProcesses
 
         processes = HookProcesses(self.model_dir, wanted, self.settings.request_timeout, single=self.name is None)
         log.info("hook processes: %d run %s (SMSERVE_HOOK_PROCESSES; pids %s)", wanted,
@@ -340,7 +343,7 @@ class ModelServer:
         return context
 
     def infer_with_hooks(self, value, message, accept: str, encode, decoded: bool = False):
-        """The SageMaker hook chain after input_fn (engine/hook_chain.py): value is what
+        """The SageMaker hook chain after input_fn (engine/hooks/chain.py): value is what
         input_fn returned, or the built-in codecs' named arrays (decoded); batched with
         other requests where it is a batch, then output_fn (or encode, the built-in
         encoder, when there is none). Returns (body, media type), or the iterator a

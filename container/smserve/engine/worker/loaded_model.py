@@ -29,13 +29,16 @@ import numpy as np
 import torch
 
 from smserve.errors import BadRequest, HTTPError, ServerError
-from smserve.engine import artifacts, batchable, derived, toolkit
-from smserve.engine.conversion import converting, to_numpy
-from smserve.engine.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
-from smserve.engine.hooks import Hooks, load_hooks, missing_package_hint, run_load_hook
+from smserve.engine.model import artifacts
+from smserve.engine.batching import batchable
+from smserve.engine.model import derived
+from smserve.engine.hooks import toolkit
+from smserve.engine.model.conversion import converting, to_numpy
+from smserve.engine.model.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
+from smserve.engine.hooks.script import Hooks, load_hooks, missing_package_hint, run_load_hook
 from smserve.core.metadata import ModelMetadata
-from smserve.engine.priority import yield_cpu_to_the_loop
-from smserve.engine.staging import HostStaging
+from smserve.engine.runtime.priority import yield_cpu_to_the_loop
+from smserve.engine.model.staging import HostStaging
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,7 @@ class LoadedModel:
 
     def predict_value(self, value, context=None):
         """Run the model (or predict_fn) on what input_fn returned when it is no batch
-        (engine/batchable.py): whole, its tensors moved to this model's device."""
+        (engine/batching/batchable.py): whole, its tensors moved to this model's device."""
         with converting("what input_fn returned"):
             data = self.on_device(value)
         return self.answer(self.predict_data(data, context), raw=True)

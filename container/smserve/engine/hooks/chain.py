@@ -4,7 +4,7 @@
 (decoding a JPEG, writing top-k labels): they run on the hook threads (as many as the
 worker's share of the cores), never on the event loop, each request's on its own with
 its own context, while the inference thread runs passes. What `input_fn` returns goes to the runner as a decoded body does: a batch
-(a tensor, an array, or a tuple, list or dict of them; engine/batchable.py) is cut into
+(a tensor, an array, or a tuple, list or dict of them; engine/batching/batchable.py) is cut into
 passes of at most the max batch size and shares passes with other requests whose
 leaves agree past dimension 0, its tensors reaching the model's device through the same
 staging; anything else runs alone, and the log says why the first time. A streaming
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import logging
 
-from smserve.engine import batchable, main_lane, toolkit
-from smserve.engine.hooks import hook_error
-from smserve.engine.passes import records_in
+from smserve.engine.batching import batchable
+from smserve.engine.runtime import main_lane
+from smserve.engine.hooks import toolkit
+from smserve.engine.hooks.script import hook_error
+from smserve.engine.batching.passes import records_in
 
 log = logging.getLogger(__name__)
 

@@ -264,7 +264,7 @@ def load_exported(path: str):
     check_export_contents(path)
     import torch
 
-    from smserve.engine.weights import gil_free_reads
+    from smserve.engine.model.weights import gil_free_reads
 
     with gil_free_reads():  # the event loop answers meanwhile, /ping included
         return torch.export.load(path)
