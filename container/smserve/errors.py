@@ -81,8 +81,8 @@ class Named500:
     """`with Named500(prefix, kinds):` an exception of one of `kinds` raised inside
     becomes a 500 whose message says what failed ("<prefix>: <type>: <message>", the
     exception its cause); an HTTPError passes as it is. A class, not a contextlib
-    generator: every inference enters such a context three times, and a generator's
-    costs ~2 us an entry."""
+    generator: every inference enters such a context several times, and a class is the
+    cheaper one to enter."""
 
     __slots__ = ("prefix", "kinds")
 

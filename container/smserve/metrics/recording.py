@@ -89,9 +89,8 @@ def forget_model(name: str) -> None:
     """An unloaded model's metrics, let go of in this process. A multi-model endpoint
     loads and unloads thousands of distinct models; each kept ~20 prometheus values,
     its tallies and its children here for good: memory, and objects that every later
-    collection (an unload's, engine/memory.collect) walked, /ping waiting (over a
-    1,000-model rotation: +107 objects a model, an unload's collection 9 -> 24 ms after
-    200). What they counted stays in this worker's files (multiprocess mode): its series
+    collection (an unload's, engine/runtime/memory.collect) walks while /ping waits.
+    What they counted stays in this worker's files (multiprocess mode): its series
     keep their sums, and a later load of the same name counts on from them. In
     single-process mode the values are the series, so they stay."""
     if _families is None or _registry is not None or _models.get(name) is None:

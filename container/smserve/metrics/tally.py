@@ -2,10 +2,9 @@
 once a second.
 
 In multiprocess mode every `inc` or `observe` takes prometheus_client's lock, checks
-the pid and writes the value into its mmap'd file: 1.5-6 us each on this project's
-2-core machine, and a batch-1 request records about nine of them (its count, its
-duration, its queue wait, its pass, its pending count), several percent of the
-server's CPU per request. Here a request costs a few additions; `flush` writes the
+the pid and writes the value into its mmap'd file, and a request records several
+(its count, its duration, its queue wait, its pass, its pending count): a visible
+share of the server's CPU per request. Here a request costs a few additions; `flush` writes the
 sums. The worker's sampler flushes every FLUSH_INTERVAL_S, and the worker that answers
 a scrape flushes first, so a scrape sees its own counts exactly and its siblings' at
 most a second old. A worker killed with SIGKILL loses at most its last second of

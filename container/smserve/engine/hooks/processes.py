@@ -1,7 +1,7 @@
 """A model's input_fn and output_fn in processes of their own (SMSERVE_HOOK_PROCESSES=N).
 
 Hook threads share the worker's GIL with its event loop: an input_fn that parses a
-5 MB JSON array holds the GIL for ~90 ms at a time, and /ping waits behind it; many
+big JSON array holds the GIL for its whole parse, and /ping waits behind it; many
 cores feeding one GPU decode JPEG one GIL at a time. Opted into, each worker starts N
 processes that import code/inference.py themselves and run input_fn and output_fn there,
 each with its own interpreter and GIL. A hook thread hands a request to an idle one over
