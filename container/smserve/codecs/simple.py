@@ -36,7 +36,7 @@ import numpy as np
 
 from smserve.codecs import npy, npz, records, textout
 from smserve.codecs.inputs import csv_columns, input_names, shape_inputs
-# The media types are read from here by the protocol table and the WebSocket session too.
+# The media types stay importable beside the codec that takes them (tests and benchmarks read them here).
 from smserve.core.media import ALIASES, CSV, JSON, JSONLINES, MEDIA_TYPES, NPY, NPZ, REQUEST_TYPES, media_type  # noqa: F401
 from smserve.errors import BadRequest, NotAcceptable
 from smserve.core.metadata import ModelMetadata
