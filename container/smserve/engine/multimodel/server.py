@@ -120,11 +120,11 @@ class MultiModelServer:
         """/ping: 503 until the server can take a load, i.e. at the first start until every
         worker has imported torch, rehearsed a load and followed the registry once (with
         the GIL held through stretches of it: a 200 before it would be followed by slow
-        or missed pings while SageMaker already counts them). No worker takes a connection before that
-        (defers_accepting), so this is a guard more than an answer clients see. After
-        that first full start the server is up: a restarted worker takes no connection
-        until it has loaded the registered models (worker.py), so a worker that answers
-        is always past its start."""
+        or missed pings while SageMaker already counts them). No worker takes a
+        connection before that (defers_accepting), so this is a guard more than an
+        answer clients see. After that first full start the server is up: a restarted
+        worker takes no connection until it has loaded the registered models (worker.py),
+        so a worker that answers is always past its start."""
         if not self._prepared.is_set():
             raise Unavailable("the server is starting (torch and a rehearsal load, before the first model)")
         starting = readiness.starting(self.state_dir, self.workers)
