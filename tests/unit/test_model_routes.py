@@ -103,6 +103,6 @@ def test_the_default_models_root_is_sagemakers():
 
 @pytest.mark.parametrize("root", ["{root}", "{root}/", "{root}/m/..", "/"])
 def test_a_folder_under_the_models_root_passes_however_the_root_is_written(api, root):
-    from smserve.engine.multimodel.server import _check_model_folder
+    from smserve.engine.multimodel.admission import check_model_folder
 
-    _check_model_folder(str(api.root / "m" / "model"), root.format(root=api.root))
+    check_model_folder(str(api.root / "m" / "model"), root.format(root=api.root))

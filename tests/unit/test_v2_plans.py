@@ -1,4 +1,4 @@
-"""A binary v2 request's JSON header, once decoded, is kept as a plan (request._plans):
+"""A binary v2 request's JSON header, once decoded, is kept as a plan (plans._plans):
 the next request with the same header bytes is the same request with its own tensors,
 and everything that depends on the body, or on the model, is still checked for it."""
 
@@ -9,7 +9,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from smserve.codecs import v2
-from smserve.codecs.v2 import request as v2_request
+from smserve.codecs.v2 import plans as v2_plans
 from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.errors import BadRequest
 
@@ -38,9 +38,9 @@ def tensors(seed: int, rows: int = 2):
 
 @pytest.fixture(autouse=True)
 def no_plans():
-    v2_request._plans.clear()
+    v2_plans._plans.clear()
     yield
-    v2_request._plans.clear()
+    v2_plans._plans.clear()
 
 
 def test_each_request_with_a_kept_header_gets_its_own_tensors():
@@ -54,7 +54,7 @@ def test_each_request_with_a_kept_header_gets_its_own_tensors():
         assert request.inputs["words"].tolist() == words.tolist()
         assert [o.name for o in request.outputs] == ["y"] and request.parameters == {"tag": "t"}
         requests.append(request)
-    assert len(v2_request._plans) == 1  # one header, decoded once
+    assert len(v2_plans._plans) == 1  # one header, decoded once
     # Nothing a request holds is another's: a hook may change its own.
     requests[0].parameters["tag"] = "changed"
     requests[0].outputs.clear()
@@ -104,14 +104,14 @@ def test_json_data_is_never_kept():
     model = ModelMetadata(name="m", max_batch_size=8, inputs=(TensorSpec("x", "FP32", (4,)),))
     first = v2.decode_request(body, len(body), model)
     second = v2.decode_request(body, len(body), model)
-    assert first.inputs["x"] is not second.inputs["x"] and not v2_request._plans
+    assert first.inputs["x"] is not second.inputs["x"] and not v2_plans._plans
 
 
 def test_the_kept_headers_are_bounded():
     model = ModelMetadata(name="m", max_batch_size=0, inputs=(TensorSpec("x", "FP32", (-1,)),))
-    for n in range(v2_request.PLANS_KEPT + 10):
+    for n in range(v2_plans.PLANS_KEPT + 10):
         x = httpclient.InferInput("x", [n], "FP32")
         x.set_data_from_numpy(np.zeros(n, dtype=np.float32), binary_data=True)
         body, header_length = httpclient.InferenceServerClient.generate_request_body([x])
         assert v2.decode_request(body, header_length, model).inputs["x"].shape == (n,)
-    assert 0 < len(v2_request._plans) <= v2_request.PLANS_KEPT
+    assert 0 < len(v2_plans._plans) <= v2_plans.PLANS_KEPT

@@ -1,7 +1,7 @@
 """The .npy format, read as a view and written as header + buffer.
 
-numpy's own reader parses the header dict with `ast.literal_eval` (safe, but ~6 % of a
-small request's time) and np.load would allocate whatever shape a 100-byte body claims.
+numpy's own reader parses the header dict with `ast.literal_eval` (safe, but a cost
+every small request pays) and np.load would allocate whatever shape a tiny body claims.
 Here the header numpy writes, `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`,
 is matched by a strict pattern: a plain dtype string, a bool, a tuple of integers, and
 nothing else. Anything else (another writer's spelling) goes to numpy's reader, which
@@ -45,8 +45,8 @@ _HEADER = re.compile(
 
 
 # A client sends one shape and dtype again and again, so each header's parse (and each
-# answer's header) is kept: a look-up instead of ~10 us of parsing and formatting a
-# request. Cleared when full, so a client varying its shapes costs memory for this many.
+# answer's header) is kept: a look-up instead of parsing and formatting each time.
+# Cleared when full, so a client varying its shapes costs memory for this many.
 HEADERS_KEPT = 256
 _parsed: dict[bytes, tuple] = {}
 _written: dict[tuple, bytes] = {}

@@ -33,15 +33,14 @@ import math
 import re
 
 import numpy as np
-import orjson
 
-from smserve.codecs import npy, npz, records, slices, textout
-from smserve.codecs.limits import MAX_DIMS
-# The media types are read from here by the protocol table and the WebSocket session too.
+from smserve.codecs import npy, npz, records, textout
+from smserve.codecs.inputs import csv_columns, input_names, shape_inputs
+# The media types stay importable beside the codec that takes them (tests and benchmarks read them here).
 from smserve.core.media import ALIASES, CSV, JSON, JSONLINES, MEDIA_TYPES, NPY, NPZ, REQUEST_TYPES, media_type  # noqa: F401
 from smserve.errors import BadRequest, NotAcceptable
+from smserve.core.metadata import ModelMetadata
 from smserve.settings import Settings
-from smserve.core.metadata import ModelMetadata, TensorSpec
 
 # Keys of a JSON object that hold the records, as the SageMaker and TF Serving
 # conventions name them.
@@ -63,7 +62,7 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata, max_bytes: i
     if kind == JSON:
         return decode_json(parse_json(body), metadata)
     if kind == CSV:
-        width = _csv_columns(metadata)
+        width = csv_columns(metadata)
         name = metadata.inputs[0].name if metadata.inputs else ""
         return shape_inputs(records.csv(body, max_columns=width, input_name=name), metadata)
     if kind == JSONLINES:
@@ -73,7 +72,7 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata, max_bytes: i
         return shape_inputs(records.jsonlines(body, input_name=name), metadata)
     if kind == NPY:
         if len(metadata.inputs) > 1:
-            raise BadRequest(f"this model has several inputs ({_names(metadata)}): a .npy body holds one array; "
+            raise BadRequest(f"this model has several inputs ({input_names(metadata)}): a .npy body holds one array; "
                              f"send them in one {NPZ} body (np.savez, one array per input name) or as JSON "
                              f'{{"inputs": {{"<name>": [...], ...}}}}')
         return shape_inputs(npy.read(body), metadata)
@@ -96,7 +95,7 @@ def parse_json(body: bytes, where: str = "request body", c_tried: bool = False):
     numbers and lists (bare or under one of RECORD_KEYS) comes back as a float64
     ndarray in its place, which decode_json takes and v2.is_v2_document refuses: no
     type check per record, and a big one is parsed in bounded slices. Anything else
-    comes back as parsed, and _as_array checks and converts it record by record."""
+    comes back as parsed, and shape_inputs checks and converts it record by record."""
     return records.parse_document(body, where, c_tried=c_tried)
 
 
@@ -116,186 +115,6 @@ def _records_from_json(document):
     raise BadRequest("JSON body must be a list of records or an object holding one")
 
 
-def _as_array(values, what: str) -> np.ndarray:
-    """Parsed JSON records -> float64, refusing non-numbers by position and converting
-    a bounded number of records per numpy call."""
-    if isinstance(values, np.ndarray):
-        return values
-    if type(values) is list and not set(map(type, values)) <= {int, float}:
-        for index, record in enumerate(values, start=1):
-            records.check_numbers(record, f"record {index}" if what == "records" else f"{what}, record {index}")
-    else:
-        records.check_numbers(values, what)
-    try:
-        if type(values) is not list or len(values) < 2:
-            return np.array(values, dtype=np.float64)
-        per_record = max(1, np.size(values[0]))
-        step = max(1, slices.VALUES // per_record)
-        parts = [np.array(values[i : i + step], dtype=np.float64) for i in range(0, len(values), step)]
-        if any(p.shape[1:] != parts[0].shape[1:] for p in parts):
-            raise ValueError("inhomogeneous")
-        return slices.stack(parts)
-    except ValueError as e:
-        message = str(e)
-        if records.too_deep(e):
-            raise BadRequest(f"{what} nest deeper than the {MAX_DIMS} dimensions an array can have") from None
-        if "inhomogeneous" in message or "sequence" in message:
-            raise BadRequest(f"{what} are ragged: every record must have the same shape") from None
-        raise BadRequest(f"{what} must be numbers: {message}") from None
-
-
-def shape_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
-    """Records -> the model's input(s): typed by the metadata, batched along dim 0."""
-    inputs = metadata.inputs
-    if len(inputs) > 1 or (inputs and _named(records)):
-        return _named_inputs(records, metadata)
-    spec = inputs[0] if inputs else TensorSpec("input__0", "FP32", None)
-    array = records if isinstance(records, np.ndarray) else _as_array(records, "records")
-    return {spec.name: _fit(array, spec, metadata)}
-
-
-def _named(records) -> bool:
-    """Whether records name their inputs: {name: array}, or a list of {name: value}."""
-    return isinstance(records, dict) or (
-        type(records) is list and bool(records) and all(isinstance(r, dict) for r in records))
-
-
-def _names(metadata: ModelMetadata) -> str:
-    return ", ".join(spec.name for spec in metadata.inputs)
-
-
-def _named_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
-    """Inputs by name: {"inputs": {name: array}} or a list of {name: value} records."""
-    if isinstance(records, dict):
-        columns = records
-    elif _named(records):
-        columns = {spec.name: _column(records, spec.name) for spec in metadata.inputs}
-    else:
-        example = ", ".join(f'"{spec.name}": [...]' for spec in metadata.inputs)
-        raise BadRequest(f"this model has several inputs ({_names(metadata)}): send them by name, "
-                         f'{{"inputs": {{{example}}}}} or {{"instances": [{{{example}}}, ...]}} '
-                         f"(JSON), one such object a line (JSON Lines), or {NPZ}")
-    out = {}
-    for spec in metadata.inputs:
-        if spec.name not in columns or columns[spec.name] is None:
-            raise BadRequest(f"missing input '{spec.name}'")
-        out[spec.name] = _fit(_as_array(columns[spec.name], f"input '{spec.name}'"), spec, metadata)
-    unknown = sorted(set(columns) - {spec.name for spec in metadata.inputs})
-    if unknown:
-        raise BadRequest(f"unexpected input {unknown[0]!r}")
-    return out
-
-
-def _csv_columns(metadata: ModelMetadata) -> int | None:
-    """The most columns a CSV line can have for the model's one input, where its
-    metadata says (the widths _fit takes: a flat record, or a row of a 2-D sample);
-    None when any width may do, or the model has several inputs."""
-    if len(metadata.inputs) != 1 or metadata.inputs[0].shape is None:
-        return None
-    sample = list(metadata.inputs[0].shape)
-    if metadata.max_batch_size <= 0:
-        return sample[1] if len(sample) == 2 and sample[1] >= 0 else None
-    if not sample or any(d < 0 for d in sample):
-        return None
-    return max(math.prod(sample), sample[1] if len(sample) == 2 else 0)
-
-
-def _column(records: list[dict], name: str) -> list:
-    """Input `name`'s value in each of these records."""
-    try:
-        return [r[name] for r in records]
-    except KeyError:
-        index = next(i for i, r in enumerate(records, start=1) if name not in r)
-        raise BadRequest(f"record {index}: missing input '{name}'") from None
-
-
-def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.ndarray:
-    """Check the shape against the model's, add a missing batch dimension, cast."""
-    batched = metadata.max_batch_size > 0
-    sent = array  # as the body held it: errors name its records (a CSV body's lines)
-    if spec.shape is None and batched and array.ndim == 0:  # the batcher splits along dimension 0
-        raise BadRequest(f"input '{spec.name}': expected a batch dimension, got a single number")
-    if spec.shape is not None:  # (None: not known; the model judges the shape)
-        sample = list(spec.shape)
-        known = sample and all(d >= 0 for d in sample)
-        if batched and known:
-            size = math.prod(sample)
-            if list(array.shape) == sample:
-                array = array.reshape([1] + sample)  # one record sent without its batch dimension
-            elif array.ndim == 2 and array.shape[1] == size and len(sample) > 1:
-                array = array.reshape([array.shape[0]] + sample)  # flat CSV rows of a shaped input
-        expected = ([-1] if batched else []) + sample
-        if expected and not _matches(array.shape, expected):
-            raise BadRequest(
-                f"input '{spec.name}': expected shape {expected}, got {list(array.shape)}"
-            )
-    dtype = spec.dtype.dtype if spec.datatype not in ("BYTES",) else np.float32
-    dtype = np.dtype(dtype)
-    if array.dtype == dtype and array.flags.c_contiguous:
-        return array  # (an .npy or binary body of the model's own type: nothing to check or cast)
-    # Checked a bounded piece at a time, like the cast itself; where one fails, the
-    # first bad value is found in that piece alone.
-    if dtype.kind in "iub":
-        for offset, part in slices.pieces(array):
-            unfit = _unfit(part, dtype)
-            if unfit.any():
-                _refuse_value(sent, offset, part, int(np.argmax(unfit)), spec, dtype)
-    with np.errstate(over="ignore", invalid="ignore"):  # integers were range-checked above; floats below
-        out = slices.cast(array, dtype)
-    if dtype.kind == "f" and array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:
-        flat = out.reshape(-1)  # (a view: the cast's result is C-contiguous)
-        for offset, part in slices.pieces(array):
-            narrowed = flat[offset : offset + len(part)]
-            if not np.isfinite(narrowed).all():
-                lost = np.isfinite(part) & ~np.isfinite(narrowed)
-                if lost.any():
-                    at = int(np.argmax(lost))
-                    raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
-                                     + _which_record(sent, offset + at, part[at]))
-    return out
-
-
-def _unfit(part: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Which values of `part` the integer or BOOL `dtype` cannot hold, so that the cast
-    would wrap or truncate them: fractional, not finite, or out of its range (300 is no
-    UINT8, 2 no BOOL). numpy compares with Python ints exactly; as bounds for floats,
-    float64 holds -2**k and 2**k exactly (not 2**63 - 1), hence the exclusive max + 1."""
-    if part.dtype.kind == "b":
-        return np.zeros(part.shape, dtype=bool)
-    low, high = (0, 1) if dtype.kind == "b" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
-    if part.dtype.kind == "f":
-        whole = np.isfinite(part) & (part == np.round(part))
-        return ~whole | (part < float(low)) | (part >= float(high + 1))
-    return (part < low) | (part > high)
-
-
-def _refuse_value(array: np.ndarray, offset: int, part: np.ndarray, at: int, spec: TensorSpec, dtype: np.dtype):
-    """Raise for value `at` of `part` (at flat `offset` in `array`, C order, the same in
-    any reshape of it), the first one `_unfit` found."""
-    value = part[at]
-    where = _which_record(array, offset + at, value)
-    if part.dtype.kind == "f" and not (np.isfinite(value) and value == np.round(value)):
-        kind = "a fractional" if np.isfinite(value) else "a non-finite"
-        raise BadRequest(f"input '{spec.name}' takes {spec.datatype} values; got {kind} number{where}")
-    raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
-                     + (" (0 or 1)" if dtype.kind == "b" else "") + where)
-
-
-def _which_record(array: np.ndarray, index: int, value) -> str:
-    """' in record N: V': which record (1-based, along dimension 0, so a CSV or JSON
-    Lines body's line number) holds the value at flat `index` of `array`, and what it is."""
-    shown = value.item()
-    if isinstance(shown, float) and shown.is_integer() and abs(shown) < 1e16:
-        shown = int(shown)
-    if array.ndim == 0:
-        return f": {shown!r}"
-    return f" in record {index // (array.size // len(array)) + 1}: {shown!r}"
-
-
-def _matches(shape: tuple, expected: list[int]) -> bool:
-    return len(shape) == len(expected) and all(e < 0 or e == s for s, e in zip(shape, expected))
-
-
 # ---------------------------------------------------------------- encoding
 
 _JSON_OBJECT = re.compile(rb"[ \t\r\n]*\{")
@@ -308,7 +127,6 @@ def wraps_records(body: bytes, content_type: str) -> bool:
     PyTorch containers answer (json.dumps(prediction.tolist())): what clients written
     for them, the SDK's JSONDeserializer among them, read."""
     return media_type(content_type) == JSON and _JSON_OBJECT.match(body) is not None
-
 
 
 def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[str, ...]] | None = None,
@@ -329,7 +147,7 @@ def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[
         outputs = {**outputs, **_predicted_labels(outputs, labels)}
     single = next(iter(outputs.values())) if len(outputs) == 1 else None
     if accept == JSON:
-        parts = textout.array_json_parts(single) if single is not None else _json_outputs(outputs)
+        parts = textout.array_json_parts(single) if single is not None else textout.outputs_json_parts(outputs)
         if not wrapped:
             return b"".join(parts), JSON
         return b"".join([b'{"predictions":', *parts, b"}"]), JSON
@@ -344,37 +162,12 @@ def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[
         except ValueError as e:
             raise NotAcceptable(f"{e}; ask for application/json") from None
     if accept == CSV:
-        return _csv(outputs), CSV
+        return textout.outputs_csv(outputs), CSV
     if accept == JSONLINES:
         if single is not None and single.ndim >= 1:
             return textout.json_lines(single), JSONLINES
-        return b"".join(line + b"\n" for line in _json_records(outputs)), JSONLINES
+        return b"".join(line + b"\n" for line in textout.json_records(outputs)), JSONLINES
     raise NotAcceptable(f"cannot produce {accept}; supported: {', '.join(MEDIA_TYPES)}")
-
-
-def _json_outputs(outputs: dict[str, np.ndarray]) -> list:
-    """Pieces of the answer's JSON, for one join (each whole-body copy holds the GIL)."""
-    if _same_rows(outputs):
-        records = _json_records(outputs)
-        return [b"[", b",".join(records), b"]"] if records else [b"[]"]
-    out: list = [b"{"]
-    for name, a in outputs.items():
-        out += [textout.dumps(name), b":", *textout.array_json_parts(a), b","]
-    out[-1] = b"}"
-    return out
-
-
-def _json_records(outputs: dict[str, np.ndarray]) -> list[bytes]:
-    """One JSON object per record: each output's values for that record."""
-    if not _same_rows(outputs):
-        raise NotAcceptable("the model's outputs do not share a batch dimension; ask for application/json")
-    names = list(outputs)
-    arrays = list(outputs.values())
-    lines = []
-    for s in slices.row_slices(max(arrays, key=np.size)):
-        columns = [_per_record(a[s]) for a in arrays]
-        lines.extend(textout.dumps(dict(zip(names, values))) for values in zip(*columns))
-    return lines
 
 
 def _predicted_labels(outputs: dict[str, np.ndarray], labels: dict[str, tuple[str, ...]]) -> dict[str, np.ndarray]:
@@ -394,62 +187,3 @@ def _predicted_labels(outputs: dict[str, np.ndarray], labels: dict[str, tuple[st
         column[:] = [names[i] if i < len(names) else str(i) for i in best]
         columns["predicted_label" if len(named) == 1 else f"{name}_predicted_label"] = column
     return columns
-
-
-def _per_record(rows: np.ndarray):
-    """What orjson writes for each record of these rows, iterable by record."""
-    value = textout.jsonable(rows)
-    if isinstance(value, orjson.Fragment):  # float16 and other widths: one fragment a record
-        return [textout.jsonable(row) for row in rows]
-    return value
-
-
-def _same_rows(outputs: dict[str, np.ndarray]) -> bool:
-    rows = {a.shape[0] if a.ndim else None for a in outputs.values()}
-    return len(rows) == 1 and None not in rows
-
-
-def _csv(outputs: dict[str, np.ndarray]) -> bytes:
-    """One line per record: each output's values for that record, side by side."""
-    if not _same_rows(outputs):
-        raise NotAcceptable("the model's outputs do not share a batch dimension; ask for application/json")
-    flat = [a.reshape(a.shape[0], math.prod(a.shape[1:])) for a in outputs.values()]  # (-1 fails when empty)
-    columns = [textout.csv_rows(f) if textout.fast(f) and f.dtype.kind != "b" else _csv_text_rows(f) for f in flat]
-    rows = columns[0] if len(columns) == 1 else [b",".join(cells) for cells in zip(*columns)]
-    return b"".join(row + b"\n" for row in rows)
-
-
-def _csv_text_rows(flat: np.ndarray) -> list[bytes]:
-    """Text, bool and float16 outputs (and labels): a Python value per cell, in
-    Python's spelling; one CSV line (without its newline) per row."""
-    rows: list[bytes] = []
-    for s in slices.row_slices(flat):
-        rows.extend(",".join(_csv_cell(v) for v in row).encode() for row in _tolist(flat[s]))
-    return rows
-
-
-def _tolist(array: np.ndarray):
-    if array.dtype == object or array.dtype.kind in "SU":
-        return np.vectorize(_text, otypes=[object])(array).tolist() if array.size else array.tolist()
-    if array.dtype.kind == "f":
-        return [[_Float(v) for v in row] for row in array.tolist()] if array.dtype.itemsize < 4 else array.tolist()
-    return array.tolist()
-
-
-class _Float(float):
-    """A float16 written with its own shortest digits."""
-
-    def __repr__(self) -> str:
-        return str(np.float16(self))
-
-
-def _text(value) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _csv_cell(value) -> str:
-    if isinstance(value, str):
-        return '"' + value.replace('"', '""') + '"' if any(c in value for c in ',"\n') else value
-    if isinstance(value, list):
-        return _csv_cell(textout.dumps(value).decode())
-    return repr(value) if isinstance(value, float) else str(value)

@@ -2,7 +2,7 @@
 
 The server decodes and encodes on a codec thread while the gevent loop answers /ping
 on another. json/orjson/np.loadtxt and numpy's conversions are C code that hold the
-GIL for their whole run (orjson.loads of 52 MB: 0.34 s), and the loop only gets the
+GIL for their whole run (bench/RESULTS.md has the figures), and the loop only gets the
 GIL back between Python-level steps. So every codec step whose cost grows with the
 body works in pieces of about these sizes, each a few milliseconds on one core, and
 stitches the pieces together; the result is identical to doing it in one call.
@@ -14,14 +14,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
-# Text handed to one orjson.loads call (~5-8 ms at ~35 MB/s, with the float64 conversion).
+# Text handed to one orjson.loads call (with the float64 conversion): a few milliseconds.
 TEXT_BYTES = 256 * 1024
-# Text handed to one np.loadtxt call: its reader is several times slower (2-9 MB/s
-# measured), so an eighth.
+# Text handed to one np.loadtxt call: its reader is several times slower than orjson's,
+# so an eighth.
 CSV_TEXT_BYTES = 32 * 1024
-# Values converted, cast or formatted by one numpy / orjson.dumps call (~1-3 ms).
+# Values converted, cast or formatted by one numpy / orjson.dumps call.
 VALUES = 1 << 16
-# Bytes scanned by one vectorised step over a JSON body (a few numpy passes: ~2-4 ms).
+# Bytes scanned by one vectorised step over a JSON body (a few numpy passes).
 SCAN_BYTES = 1 << 20
 
 

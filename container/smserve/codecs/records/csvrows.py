@@ -38,7 +38,7 @@ _NON_FINITE = re.compile(r"\s*[+-]?(?:nan|inf|infinity)\s*", re.IGNORECASE)
 # wider than the model's input is refused there, before a cell is converted.
 
 # No number is written this long; a cell past it is refused without being read (numpy
-# would convert it in one call, holding the GIL ~20 ms a MB).
+# would convert it in one call, holding the GIL all along).
 MAX_CELL_BYTES = slices.CSV_TEXT_BYTES
 
 
@@ -87,7 +87,7 @@ def _column_count_error(number: int, count: int, columns: int) -> BadRequest:
 
 def _csv_piece(piece: bytes, columns: int) -> np.ndarray | None:
     """The slice's rows, or None when any of its lines is bad. A blank line needs no
-    search of its own (a regex over every slice was a quarter of the decode): np.loadtxt
+    search of its own (a regex over every slice would cost more than the parse): np.loadtxt
     skips it or refuses it, and either way the row count below or the parse fails."""
     if piece.count(b"\r") != piece.count(b"\r\n") + piece.endswith(b"\r"):
         return None  # a lone CR: np.loadtxt would take it as a line end

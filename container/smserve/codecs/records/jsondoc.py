@@ -83,7 +83,7 @@ def parse_document(body: bytes, where: str = "request body", size: int | None = 
         found = numeric_records(body, size or slices.TEXT_BYTES)
         if found is not None:
             return _records_document(*found)
-        return parse(body, where)  # (no second whole-body C call: simple.py converts it in slices)
+        return parse(body, where)  # (no second whole-body C call: inputs.py converts it in slices)
     if not c_tried:
         found = c_records(body)
         if found is not None:
@@ -114,7 +114,7 @@ def c_records(body: bytes):
     """parse_document's answer for a body under SLICED_JSON_MIN_BYTES that is flat
     numeric records (or one flat list of numbers), bare or under one of RECORD_KEYS,
     taken by simdjson's C reader alone; None for any other body. The reader holds the
-    GIL for all of its about 2 ms a MB, on whichever thread runs it."""
+    GIL for its whole run, on whichever thread runs it, hence the size bound."""
     start = _records_start(body)
     if start is None or len(body) >= SLICED_JSON_MIN_BYTES:
         return None
@@ -126,8 +126,8 @@ def c_records(body: bytes):
 def c_doubles(text: bytes, opening: int, key: str | None) -> np.ndarray | None:
     """The records of `text`, a JSON document that is a list of records opening at
     `opening` or an object holding only `key` with that list, as a float64 array:
-    parsed by simdjson into C doubles with no Python object per number (for 256 x 64
-    numbers about twice as fast as orjson.loads and the conversion). None when
+    parsed by simdjson into C doubles with no Python object per number (faster than
+    orjson.loads and the conversion: bench/RESULTS.md). None when
     simdjson refuses the text, or the records are not numbers or flat records of one
     length: orjson's path then decides (it also reads integers beyond 64 bits, as
     floats, where simdjson stops), and names any error.
@@ -195,7 +195,7 @@ def _numeric_document(document, key: str | None):
     """`document` (a list of records, or an object holding them under `key`, whose body
     holds no string, object, null or true/false after the key) with its records as one
     float64 array, or None when they are empty, ragged or too deep for numpy: the
-    record-by-record path (simple.py) then judges them, and names the error. An empty
+    record-by-record path (codecs/inputs.py) then judges them, and names the error. An empty
     list is left alone: {"inputs": []} is a KServe v2 request."""
     # With no '"' after the key, the object has no other member (orjson has parsed it).
     values = document if key is None else document[key]
@@ -209,8 +209,8 @@ def _numeric_document(document, key: str | None):
 
 
 def float64_records(values: list) -> np.ndarray:
-    """np.array(values, dtype=np.float64) (ValueError when ragged or not numbers), twice
-    as fast for the usual records, flat lists of numbers of one length: struct packs
+    """np.array(values, dtype=np.float64) (ValueError when ragged or not numbers), faster
+    for the usual records, flat lists of numbers of one length: struct packs
     each record's numbers into the array as C doubles, with Python's own float() rounding
     of integers, which is numpy's (both round to nearest, ties to even)."""
     if values and type(values[0]) is list and set(map(type, values)) == {list}:

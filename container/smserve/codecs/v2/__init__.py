@@ -5,7 +5,9 @@ no torch. One module per step of a request's way through:
 
 - header: where the JSON header ends (Inference-Header-Content-Length, or the SageMaker
   Content-Type that carries it), and the response headers that say the same;
-- request: the JSON document and a raw binary body -> InferenceRequest;
+- request: the JSON document (and the binary tensors after it) -> InferenceRequest;
+- plans: a binary request's JSON header, kept once decoded, for the next with the same;
+- raw: a raw binary body (header length 0) -> InferenceRequest;
 - tensors: one tensor's binary and JSON wire forms, both ways;
 - response: the model's results -> InferenceResponse -> bytes.
 

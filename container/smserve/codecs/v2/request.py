@@ -8,14 +8,13 @@ type errors with 500. Messages Triton words without naming the tensor get
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import orjson
 
-from smserve import memo
 from smserve.codecs.limits import MAX_DIMS, MAX_JSON_DEPTH
+from smserve.codecs.v2 import plans
 from smserve.codecs.v2.header import HEADER_LENGTH_HEADER, SAGEMAKER_BINARY_CONTENT_TYPE
+from smserve.codecs.v2.raw import decode_raw
 from smserve.codecs.v2.tensors import dims_text, element_count, from_binary, json_input
 from smserve.core import datatypes
 from smserve.core.inference import InferenceRequest, RequestedOutput
@@ -40,66 +39,23 @@ def decode_request(
     if view.ndim != 1 or view.format != "B":
         view = view.cast("B")
     if header_length == 0 or (header_length is None and len(view) == 0):
-        return _decode_raw(view, metadata)
+        return decode_raw(view, metadata)
     length = len(view) if header_length is None else header_length
     if length < 0:
         raise BadRequest(f"inference header size should be in range (0, {len(view)}), got: {length}")
     if length > len(view):
         raise BadRequest(f"unexpected size for request JSON, expecting {length - len(view)} more bytes")
-    key = view[:length].tobytes() if header_length is not None and length <= _PLANNED_HEADER_BYTES else None
+    key = plans.key_of(view, length, header_length)
     if key is not None:
-        plan = _plans.get(key)
-        if plan is not None and plan.metadata is metadata:
-            request = plan.request(view, length)
-            if request is not None:
-                return request
+        request = plans.planned(key, metadata, view, length)
+        if request is not None:
+            return request
     decoder = _Decoder(_parse_json(view[:length], header_length is None), view, length, header_length is not None,
                        metadata)
     request = decoder.request()
     if key is not None and decoder.binary is not None:
-        memo.keep(_plans, key, _Plan(metadata, decoder.binary, length, request), PLANS_KEPT)
+        plans.keep(key, metadata, decoder.binary, length, request)
     return request
-
-
-# A client sends one JSON header again and again (the same inputs, shapes and outputs,
-# only the tensors' bytes differ), so a binary request's header, once decoded, is kept
-# as a plan: a look-up and a view per input instead of ~8 us walking the JSON. Kept by
-# the header's bytes, for the model it was checked against; cleared when full. Only
-# small headers (a JSON input's data makes a header big, and is never planned).
-PLANS_KEPT = 256
-_PLANNED_HEADER_BYTES = 4096
-_plans: dict[bytes, "_Plan"] = {}
-
-
-class _Plan:
-    """A decoded header whose inputs are all binary: what each request with it is made of."""
-
-    __slots__ = ("metadata", "inputs", "size", "datatypes", "outputs", "binary_output", "id", "parameters")
-
-    def __init__(self, metadata: ModelMetadata, inputs: list[tuple], header_length: int, request: InferenceRequest):
-        self.metadata = metadata
-        self.inputs = tuple(inputs)  # (name, datatype, shape, count, size), in the body's order
-        self.size = header_length + sum(size for *_, size in inputs)  # the body's length
-        # (Copies: the request this plan was made from is its caller's.)
-        self.datatypes = dict(request.datatypes)
-        self.outputs = None if request.outputs is None else list(request.outputs)
-        self.binary_output = request.binary_output
-        self.id = request.id
-        self.parameters = dict(request.parameters)
-
-    def request(self, view: memoryview, offset: int) -> InferenceRequest | None:
-        """None when the body's length is not the header's (the full decode says why)."""
-        if len(view) != self.size:
-            return None
-        arrays = {}
-        for name, dt, shape, count, size in self.inputs:
-            # (Per request: a BYTES tensor's elements, a BOOL tensor's bytes.)
-            arrays[name] = from_binary(view[offset:offset + size], dt, shape, count, name, self.metadata.name)
-            offset += size
-        return InferenceRequest(inputs=arrays, datatypes=dict(self.datatypes),
-                                outputs=None if self.outputs is None else list(self.outputs),
-                                binary_output=self.binary_output, raw=False, id=self.id,
-                                parameters=dict(self.parameters))
 
 
 def is_v2_document(doc: object) -> bool:
@@ -381,63 +337,6 @@ def _shape_field(item: dict, name: str) -> list[int]:
     return shape
 
 
-def _decode_raw(view: memoryview, metadata: ModelMetadata) -> InferenceRequest:
-    """A raw binary request: the body is the model's one input (Triton's rules)."""
-    model = metadata.name
-    if len(metadata.inputs) != 1:
-        raise BadRequest(
-            f"Raw request must only have 1 input (found 1) to be deduced but got {len(metadata.inputs)} inputs "
-            f"in '{model}' model configuration"
-        )
-    spec = metadata.inputs[0]
-    dt = spec.dtype
-    if spec.shape is None:
-        raise BadRequest(
-            f"The shape of the raw input '{spec.name}' can not be deduced because the model's shape is not known "
-            "(declare it in metadata.json, or send a KServe v2 header that gives it)"
-        )
-    batch = [1] if metadata.max_batch_size > 0 else []
-    if dt.is_bytes:
-        # The body is one bare element; there is no length prefix to read.
-        if tuple(spec.shape) != (1,):
-            raise BadRequest(f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]")
-        array = np.empty(1, dtype=object)
-        array[0] = bytes(view)
-        return _raw_request(spec, array.reshape(batch + [1]))
-    dims = list(spec.shape)
-    variable = [i for i, d in enumerate(dims) if d < 0]
-    if len(variable) > 1:
-        raise BadRequest(
-            f"The shape of the raw input '{spec.name}' can not be deduced because there are more than one "
-            "variable-sized dimension"
-        )
-    if variable:
-        per_unit = math.prod(d for d in dims if d >= 0) * dt.size
-        if per_unit == 0 or len(view) % per_unit:
-            if not (per_unit == 0 and len(view) == 0):
-                raise BadRequest(
-                    f"input byte size mismatch for input '{spec.name}' for model '{model}'. "
-                    f"Expected a multiple of {per_unit}, got {len(view)}"
-                )
-            dims[variable[0]] = 0
-        else:
-            dims[variable[0]] = len(view) // per_unit
-    shape = batch + dims
-    count = element_count(shape, dt, spec.name)
-    return _raw_request(spec, from_binary(view, dt, shape, count, spec.name, model))
-
-
-def _raw_request(spec: TensorSpec, array: np.ndarray) -> InferenceRequest:
-    return InferenceRequest(
-        inputs={spec.name: array},
-        datatypes={spec.name: spec.datatype},
-        outputs=None,
-        binary_output=True,
-        raw=True,
-    )
-
-
 
 def _quoted(names) -> str:
     return "[" + ", ".join(f"'{n}'" for n in names) + "]"
-

@@ -152,7 +152,7 @@ def encode_response(response: InferenceResponse) -> tuple[bytes, int | None]:
     if response.parameters:
         head["parameters"] = response.parameters
     # The header as pieces joined once: each whole-body copy of a big JSON answer
-    # holds the GIL (~50 ms for 25 MB, mostly page faults) while /ping waits.
+    # holds the GIL while /ping waits.
     header = [textout.dumps(head)[:-1], b',"outputs":[']
     blobs = []
     for tensor in response.outputs:

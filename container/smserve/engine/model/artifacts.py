@@ -18,6 +18,8 @@ import zipfile
 
 EXPORTED = "model.pt2"
 TORCHSCRIPT = "model.pt"
+# A folder's only file with one of these endings is its TorchScript model, as AWS's toolkit loads it.
+LONE_SUFFIXES = (".pt", ".pth")
 
 # The two forms that load without the model's Python class.
 SAVE_FORMS = (
@@ -105,7 +107,7 @@ def torchscript_file(model_dir: str, script: str = "code/inference.py") -> str |
     if os.path.isfile(path):
         return path
     found = sorted(name for name in os.listdir(model_dir)
-                   if name.endswith((".pt", ".pth")) and os.path.isfile(os.path.join(model_dir, name)))
+                   if name.endswith(LONE_SUFFIXES) and os.path.isfile(os.path.join(model_dir, name)))
     if len(found) > 1:
         raise ModelLoadError(f"{model_dir} holds {len(found)} model files ({', '.join(found[:5])}) and no {TORCHSCRIPT}: "
                              f"name the one to serve {TORCHSCRIPT}, or load them in {script}'s model_fn(model_dir)")

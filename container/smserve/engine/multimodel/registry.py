@@ -44,7 +44,7 @@ LOADING, READY, UNLOADING = "loading", "ready", "unloading"
 # `\A\S[\p{Print}]*\z` (botocore's sagemaker-runtime model), read here as printable
 # ASCII, the first not a space. A longer name could never be addressed again (its path
 # past the request line's limit: gunicorn_conf.limit_request_line), and each name labels
-# a model's ~20 /metrics series: this bounds what they cost.
+# a model's /metrics series: this bounds what they cost.
 MAX_NAME_CHARS = 1024
 _NAME = re.compile(rf"[!-~][ -~]{{0,{MAX_NAME_CHARS - 1}}}")
 # Longer than a file-time tick (jiffies: up to 10 ms), with room to spare.

@@ -14,49 +14,46 @@ answers 200 once every worker has loaded and warmed it (so no sibling answers 40
 unserved); past its timeout the workers go on, and a DELETE again waits for them. A
 worker that restarts loads every registered model before it takes a connection.
 
-Room: each worker measures what a model's load added to its resident memory (and to
-each GPU's allocated memory); the sum over models and workers may not pass the room,
-SMSERVE_MODELS_MEMORY_MB or, unset, 90 % of what the container's memory limit (cgroup,
-else the host's memory) left free when the first model came. A load past it is undone
-and answered 507.
+Whether a model may come in (its folder, the room its memory takes: 507 past it) is
+admission.py's; the start's rehearsal load, rehearsal.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import tempfile
 import time
-import warnings
 from dataclasses import replace
 
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from smserve.engine.runtime import memory
-from smserve.engine.worker import readiness
 from smserve.engine.model.torch_caches import clear_torch_caches, generated_code
-from smserve.engine.model.artifacts import EXPORTED, TORCHSCRIPT
+from smserve.engine.multimodel.admission import (
+    Room,
+    check_model_folder,
+    footprint,
+    memory_now,
+    warn_of_a_big_torchscript,
+)
 from smserve.engine.multimodel.registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
-from smserve.engine.worker.server import FAILED, ModelServer, Pools
+from smserve.engine.multimodel.rehearsal import rehearse
+from smserve.engine.runtime import memory
 from smserve.engine.sessions.store import SessionTable
-from smserve.errors import BadRequest, Conflict, InsufficientStorage, NotFound, Unavailable
+from smserve.engine.worker import readiness
+from smserve.engine.worker.server import FAILED, ModelServer, Pools
+from smserve.errors import BadRequest, Conflict, NotFound, Unavailable
 from smserve.settings import Settings
 
 log = logging.getLogger(__name__)
 
 # How often a worker looks at the shared folder; also the poll of a caller waiting for
-# the other workers (a load is seconds, so this is noise in it).
+# the other workers (short next to a model's load).
 FOLLOW_S = 0.02
-ROOM_FILE = "room.json"
-ROOM_SHARE = 0.9  # of the memory left free when the first model came
-MODEL_FILES = (EXPORTED, TORCHSCRIPT)
-MODEL_SUFFIXES = (".pt", ".pth")  # artifacts.torchscript_file's lone file
-# A TorchScript model this big holds a worker's GIL for ~0.2 s or more while it loads.
-BIG_TORCHSCRIPT_BYTES = 256 * 1024 * 1024
-TORCHSCRIPT_GIL_S_PER_GB = 0.7
 
 
 class _Local:
@@ -82,6 +79,7 @@ class MultiModelServer:
         self.pools = Pools.for_worker(settings, self.workers)
         # Stateful sessions, each of one model: one table, and one bound, for the worker.
         self.sessions = SessionTable(settings, worker_index)
+        self.room = Room(self.shared, settings.models_memory_mb)
         self.codec_pool = self.pools.codec
         self.models: dict[str, _Local] = {}
         self._load_lock = Semaphore()  # one load at a time, so each footprint is its own
@@ -120,14 +118,13 @@ class MultiModelServer:
 
     def check_all_ready(self) -> None:
         """/ping: 503 until the server can take a load, i.e. at the first start until every
-        worker has imported torch, rehearsed a load and followed the registry once (~2 s
-        of CPU each; far longer on a cold page cache, and with the GIL held through
-        stretches of it: a 200 before it would be followed by slow or missed pings while
-        SageMaker already counts them). No worker takes a connection before that
-        (defers_accepting), so this is a guard more than an answer clients see. After
-        that first full start the server is up: a restarted worker takes no connection
-        until it has loaded the registered models (worker.py), so a worker that answers
-        is always past its start."""
+        worker has imported torch, rehearsed a load and followed the registry once (with
+        the GIL held through stretches of it: a 200 before it would be followed by slow
+        or missed pings while SageMaker already counts them). No worker takes a
+        connection before that (defers_accepting), so this is a guard more than an
+        answer clients see. After that first full start the server is up: a restarted
+        worker takes no connection until it has loaded the registered models (worker.py),
+        so a worker that answers is always past its start."""
         if not self._prepared.is_set():
             raise Unavailable("the server is starting (torch and a rehearsal load, before the first model)")
         starting = readiness.starting(self.state_dir, self.workers)
@@ -141,20 +138,14 @@ class MultiModelServer:
         self.sessions.close_all()
 
     def _follow(self) -> None:
-        import gc
-
         # torch comes in before the first model, so that model's footprint is its own;
         # on a thread, so that the loop answers /ping (503 until this is done, in every
-        # worker: check_all_ready) and gunicorn's heartbeat meanwhile. A rehearsal
-        # load of two tiny models (engine/multi_model._prepare) brings in what a load
-        # imports on top of torch.
-        self.codec_pool.apply(_prepare)
+        # worker: check_all_ready) and gunicorn's heartbeat meanwhile.
+        self.codec_pool.apply(rehearse)
         self._prepared.set()
-        # What the start created (torch, every module a load needs) stays out of the
-        # collector's passes: each unload's collection then looks at what models made,
-        # not at the ~340,000 objects that live as long as the worker (a full pass over
-        # them held the loop ~100 ms per unload, /ping's p99 while models unloaded).
-        # (No collection first: it would hold the loop as long.)
+        # What the start created stays out of the collector's passes, so each unload's
+        # collection holds the loop only for what models made. (No collection first: it
+        # would hold the loop as long.)
         gc.freeze()
 
         while True:
@@ -169,8 +160,8 @@ class MultiModelServer:
             gevent.sleep(FOLLOW_S)
 
     def _sync(self) -> None:
-        # The folder is read again only when it changed: with a hundred models, reading
-        # every file 50 times a second cost the worker a good part of a core.
+        # The folder is read again only when it changed: reading every model's file at
+        # each look costs a worker CPU that grows with the number of models.
         version = self.shared.version()
         if version is not None and version == self._seen:
             return
@@ -211,7 +202,7 @@ class MultiModelServer:
                 return  # withdrawn while it waited for its turn
             # Held from here: an unload waits until this load has ended and let it go.
             self.shared.ack(entry, self.worker_index, {"loading": True})
-            before, gpu_before = memory.rss_bytes(), memory.gpu_allocated()
+            before = memory_now()
             server = ModelServer(self.settings, self.worker_index, self.workers, model_dir=entry.url, sessions=self.sessions,
                                  name=entry.name, pools=self.pools)
             started = time.monotonic()
@@ -225,13 +216,11 @@ class MultiModelServer:
                 else:  # withdrawn while it loaded: it never serves here
                     self._let_go(entry)
                 return
-            footprint = {"host": max(0, memory.rss_bytes() - before)}
-            for device, used in memory.gpu_allocated().items():
-                footprint[f"cuda:{device}"] = max(0, used - gpu_before.get(device, 0))
+            added = footprint(before)
             self.models[entry.name] = _Local(server, entry)
             log.info("multi-model: %r loaded from %s in %.2f s (%s)", entry.name, entry.url,
-                     time.monotonic() - started, ", ".join(f"{k} {v / memory.MB:.1f} MB" for k, v in footprint.items()))
-            self.shared.ack(entry, self.worker_index, {"ok": True, "footprint": footprint})
+                     time.monotonic() - started, ", ".join(f"{k} {v / memory.MB:.1f} MB" for k, v in added.items()))
+            self.shared.ack(entry, self.worker_index, {"ok": True, "footprint": added})
 
     def _wanted(self, entry: Entry) -> bool:
         current = self.shared.get(entry.name)
@@ -269,10 +258,10 @@ class MultiModelServer:
         check_name(name)
         if self.shared.get(name) is not None:  # 409 before the url is judged, as the toolkit's server answers
             return self._join(name, url)
-        _check_model_folder(url, self.settings.models_root, self.settings.program)
-        _warn_of_a_big_torchscript(name, url)
+        check_model_folder(url, self.settings.models_root, self.settings.program)
+        warn_of_a_big_torchscript(name, url)
         self._prepared.wait()  # (a call in the worker's first seconds, while torch comes in)
-        self._check_room_before()
+        self.room.check_before()
         try:
             entry = self.shared.claim(name, url)
         except Conflict:
@@ -283,14 +272,7 @@ class MultiModelServer:
             failed = [o["error"] for o in outcomes.values() if o.get("ok") is False]
             if failed:
                 raise BadRequest(f"model {name!r} failed to load from {url}: {failed[0]}")
-            used, room = self._used(), self._room()
-            over = [kind for kind, limit in room.items() if used.get(kind, 0) > limit]
-            if over:
-                raise InsufficientStorage(
-                    f"no room for model {name!r}: with it the models would hold "
-                    + ", ".join(f"{used[k] / memory.MB:.0f} MB of {k} memory (room: {room[k] / memory.MB:.0f} MB)"
-                                for k in over)
-                    + "; unload a model, or set SMSERVE_MODELS_MEMORY_MB")
+            self.room.check_after(name)
         except Conflict:
             raise  # an unload took it meanwhile, and finishes it
         except Unavailable:
@@ -393,108 +375,6 @@ class MultiModelServer:
                 raise Unavailable(f"model {entry.name!r}: {sum('ok' in o for o in acks.values())} of {self.workers} "
                                   f"workers loaded it within {timeout} s ({setting}); the load is given up")
             gevent.sleep(FOLLOW_S)
-
-    def _used(self) -> dict[str, int]:
-        used: dict[str, int] = {}
-        for outcomes in self.shared.all_acks().values():
-            for outcome in outcomes.values():
-                for kind, size in outcome.get("footprint", {}).items():
-                    used[kind] = used.get(kind, 0) + size
-        return used
-
-    def _room(self) -> dict[str, int]:
-        """kind ("host", "cuda:N") -> bytes the models may hold, fixed at the first load."""
-        if self.settings.models_memory_mb:
-            return {"host": self.settings.models_memory_mb * memory.MB}
-        stored = self.shared.read_value(ROOM_FILE)
-        if stored is not None:
-            return stored
-        room = {"host": int(max(0, memory.container_limit() - memory.container_usage()) * ROOM_SHARE)}
-        for device, free in memory.gpu_room().items():
-            room[f"cuda:{device}"] = int(free * ROOM_SHARE)
-        return self.shared.write_value_once(ROOM_FILE, room)
-
-    def _check_room_before(self) -> None:
-        """A room already full refuses at once, before anything is loaded."""
-        used, room = self._used(), self._room()
-        if any(used.get(kind, 0) >= limit for kind, limit in room.items()):
-            raise InsufficientStorage("no room for another model: the loaded ones fill the room "
-                                      f"({room['host'] / memory.MB:.0f} MB of host memory); unload one first")
-
-
-def _prepare() -> None:
-    """Imports torch, then loads and warms a tiny TorchScript and a tiny torch.export
-    model (Linear(2, 2)) the way a real model loads, and drops them: a load's first
-    call of the export deserialiser pulls in ~1,200 more modules (torch._dynamo,
-    torch._inductor, sympy, networkx: ~150,000 objects). Brought in here, before
-    gc.freeze(), they are frozen with torch; brought in by the first real model they
-    would stay in every later collection (each unload's, engine/memory.give_back), ~100
-    ms each on the event loop. Costs ~2 s of one core at the start, on this thread, and
-    what a first export model's load adds to a worker's memory anyway (~100 MB); a
-    rehearsal that fails only leaves those modules to the first load."""
-    import torch
-
-    from smserve.engine.model import derived
-    from smserve.engine.worker import loaded_model
-
-    quiet = [logging.getLogger(module.__name__) for module in (loaded_model, derived)]
-    try:
-        with tempfile.TemporaryDirectory(prefix="smserve-rehearsal-") as folder, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tiny, example = torch.nn.Linear(2, 2).eval(), (torch.zeros(1, 2),)
-            for sub, save in (("script", lambda path: torch.jit.save(torch.jit.script(tiny), path + "/model.pt")),
-                              ("export", lambda path: torch.export.save(torch.export.export(tiny, example),
-                                                                        path + "/model.pt2"))):
-                path = os.path.join(folder, sub)
-                os.mkdir(path)
-                save(path)
-                for logger in quiet:
-                    logger.disabled = True
-                try:
-                    loaded_model.load_and_warm(path, torch.device("cpu"))
-                finally:
-                    for logger in quiet:
-                        logger.disabled = False
-    except Exception as e:  # noqa: BLE001 - an optimisation: the server serves without it
-        log.warning("multi-model: the start's rehearsal load failed (%s: %s); the first model's load "
-                    "brings in what it needs", type(e).__name__, e)
-
-
-def _check_model_folder(url: str, root: str, program: str = "inference.py") -> None:
-    """The folder must be under the models root (SMSERVE_MODELS_ROOT): loading a model
-    runs its code/inference.py, so the container trusts whoever may call POST /models
-    (SageMaker, which copies models there) only as far as that folder. The path is
-    checked as written, '..' resolved, symbolic links not: what lies under the root,
-    links included, is SageMaker's to place."""
-    if not isinstance(url, str) or not url:
-        raise BadRequest("'url' must be the model's folder")
-    path, root = os.path.normpath(url), os.path.normpath(root)
-    if not os.path.isabs(url) or not (root == os.sep or path == root or path.startswith(root + os.sep)):
-        raise BadRequest(f"{url[:200]!r} is not a folder under {root}: models are loaded from there only "
-                         "(SMSERVE_MODELS_ROOT)")
-    if not os.path.isdir(url):
-        # 404, as the toolkit's model server answers it (the url names nothing there).
-        raise NotFound(f"no model folder at {url}")
-    if not any(os.path.isfile(os.path.join(url, f)) for f in MODEL_FILES) \
-            and not any(f.endswith(MODEL_SUFFIXES) for f in os.listdir(url)) \
-            and not os.path.isfile(os.path.join(url, "code", program)):
-        raise BadRequest(f"{url} holds no model: expected {' or '.join(MODEL_FILES)} (or one *.pt/*.pth TorchScript "
-                         f"file), or code/{program} with a model_fn")
-
-
-def _warn_of_a_big_torchscript(name: str, url: str) -> None:
-    """torch.jit.load reads a TorchScript model's weights holding the GIL (~0.7 ms a MB
-    on the development machine), and every worker answers nothing meanwhile, /ping
-    included; a torch.export model's are read with it released (engine/model/weights.py)."""
-    path = os.path.join(url, TORCHSCRIPT)
-    if os.path.isfile(os.path.join(url, EXPORTED)) or not os.path.isfile(path):
-        return
-    size = os.path.getsize(path)
-    if size >= BIG_TORCHSCRIPT_BYTES:
-        log.warning("multi-model: %r is a %.0f MB TorchScript model: torch.jit.load holds the GIL while it reads "
-                    "the weights, and each worker answers nothing (/ping included) for that long, about %.1f s "
-                    "per GB; save it with torch.export (%s), whose weights load with the GIL released",
-                    name, size / memory.MB, TORCHSCRIPT_GIL_S_PER_GB, EXPORTED)
 
 
 def _description(entry: Entry) -> dict:
