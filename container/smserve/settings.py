@@ -1,9 +1,10 @@
 """Every setting the server reads, from the environment, into one frozen object.
 
-`Settings.from_env()` is called once by `serve` (so a bad value stops the container
-before gunicorn starts, with a message naming the variable), once by the gunicorn
-master (http/gunicorn_conf.py) and once in each worker (http/worker.py), which hands
-it down. Nothing else in the package reads os.environ (tests/unit/test_environment.py).
+`Settings.from_env()` runs once per process: in `serve` (so a bad value stops the
+container before gunicorn starts, with a message naming the variable), and in the
+gunicorn master (http/gunicorn_conf.py), which hands its object to each worker it forks.
+Nothing else in the package reads os.environ (tests/unit/test_environment.py); how each
+variable's text becomes a value is variables.py's.
 """
 
 from __future__ import annotations
