@@ -29,8 +29,10 @@ from smserve.routes.table import Request, reason
 
 class ExchangeWorker(base.Worker):
     """Serves the connections a GeventModelWorker accepts. It reads what the worker set
-    up: settings, routes, connections and their cap, the parser's config, the listeners'
-    names, the hand-off and this worker's index, the WebSocket sessions, `alive`."""
+    up: settings, routes and the WSGI app, the model server, connections (and those
+    `starting`) and their cap, the parser's config, the listeners' names, the hand-off
+    and this worker's index, the WebSocket sessions, `alive`; and starts its drain
+    (`begin_drain`) past gunicorn's max_requests."""
 
     def handle(self, listener, client, addr, ahead: bytes = b""):
         make_room(self.connections, self.max_connections)
@@ -187,54 +189,68 @@ class ExchangeWorker(base.Worker):
     def _serve_request(self, listener_name, req, sock, addr, parser, answered: "access.Answered") -> bool:
         sender = Sender(sock, self.settings.send_deadline)
         try:
-            # Before any 100 Continue: a body that will be refused is not invited.
-            declared = check_head(req, self.settings)
-            route, params = self.routes.match(req.method, req.path)
-            answered.route = route.pattern if route is not None else None
-            if route is not None:
-                # The table's routes are answered without a WSGI environ or werkzeug objects.
-                resp = None
-                if req._expected_100_continue:
-                    sender.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-            else:
-                resp, answered.environ = wsgi_request(req, sender, addr, listener_name, self.cfg)
-            conn = self.connections[sock]
-            conn.expect_by(self.settings.body_timeout, 408,
-                           f"request body not received within {self.settings.body_timeout} s")
-            body = read_body(req, declared, self.settings, parser.unreader)
+            route, params, resp, body = self._read_request(listener_name, req, sock, sender, addr, parser, answered)
         except ClientError as e:
             answered.status = e.status
             send_error(sock, e.status, e.message)
             return False
+        self._count_request()
+        # The client's last request, or shutting down with no further request arrived:
+        # this answer is the last on the connection.
+        last = asks_to_close(req) or (not self.alive and not (buffered(parser) or bytes_waiting(sock)))
+        if route is None:
+            if last:
+                resp.force_close()
+            respiter = self._call_app(answered.environ, body, resp)
+            return self._send_iterable(sock, parser, resp, respiter, answered)
+        answer = self.routes.dispatch(route, Request(req.method, req.path, joined_headers(req), body, params, req.query))
+        answered.quiet = route.quiet
+        answered.headers = answer.headers
+        if not answer.streamed:
+            return self._send_answer(req, sock, sender, parser, answer, last or req.should_close(), answered)
+        resp = wsgi.Response(req, sender, self.cfg)
+        if last:
+            resp.force_close()
+        resp.start_response(f"{answer.status} {reason(answer.status)}", answer.headers)
+        return self._send_iterable(sock, parser, resp, answer.body, answered)
+
+    def _read_request(self, listener_name, req, sock, sender, addr, parser, answered: "access.Answered"):
+        """(route, its parameters, gunicorn's response writer where the WSGI app answers,
+        the whole body); ClientError when the head or the body cannot be served."""
+        # Before any 100 Continue: a body that will be refused is not invited.
+        declared = check_head(req, self.settings)
+        route, params = self.routes.match(req.method, req.path)
+        answered.route = route.pattern if route is not None else None
+        resp = None
+        if route is not None:
+            # The table's routes are answered without a WSGI environ or werkzeug objects.
+            if req._expected_100_continue:
+                sender.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        else:
+            resp, answered.environ = wsgi_request(req, sender, addr, listener_name, self.cfg)
+        self.connections[sock].expect_by(self.settings.body_timeout, 408,
+                                         f"request body not received within {self.settings.body_timeout} s")
+        return route, params, resp, read_body(req, declared, self.settings, parser.unreader)
+
+    def _count_request(self) -> None:
+        """gunicorn's max_requests: past it this worker drains, and a fresh one takes over."""
         self.nr += 1
         if self.nr >= self.max_requests and self.alive:
             self.log.info("Autorestarting worker after current request.")
             gevent.spawn(self.begin_drain)
-        # The client's last request, or shutting down with no further request arrived:
-        # this answer is the last on the connection.
-        last = asks_to_close(req) or (not self.alive and not (buffered(parser) or bytes_waiting(sock)))
-        if route is not None:
-            answer = self.routes.dispatch(route, Request(req.method, req.path, joined_headers(req), body, params,
-                                                         req.query))
-            answered.quiet = route.quiet
-            answered.headers = answer.headers
-            if not answer.streamed:
-                return self._send_answer(req, sock, sender, parser, answer, last or req.should_close(), answered)
-            resp = wsgi.Response(req, sender, self.cfg)
-            if last:
-                resp.force_close()
-            respiter = answer.body
-            resp.start_response(f"{answer.status} {reason(answer.status)}", answer.headers)
-        else:
-            if last:
-                resp.force_close()
-            environ = answered.environ
-            environ["smserve.body"] = body  # the app takes it as it is, without a copy
-            environ["wsgi.input"] = io.BytesIO(body)
-            environ["CONTENT_LENGTH"] = str(len(body))
-            environ.pop("HTTP_TRANSFER_ENCODING", None)
-            environ["smserve.worker"] = self
-            respiter = self.wsgi(environ, resp.start_response)
+
+    def _call_app(self, environ, body: bytes, resp):
+        """The WSGI app's answer to a request no route of the table took."""
+        environ["smserve.body"] = body  # the app takes it as it is, without a copy
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        environ.pop("HTTP_TRANSFER_ENCODING", None)
+        environ["smserve.worker"] = self
+        return self.wsgi(environ, resp.start_response)
+
+    def _send_iterable(self, sock, parser, resp, respiter, answered: "access.Answered") -> bool:
+        """An answer whose body is an iterable (the app's, or a streamed route's), written
+        through gunicorn's response writer. True when the connection may carry another."""
         def send():
             for item in respiter:
                 resp.write(item)
