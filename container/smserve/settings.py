@@ -1,9 +1,10 @@
 """Every setting the server reads, from the environment, into one frozen object.
 
-`Settings.from_env()` is called once by `serve` (so a bad value stops the container
-before gunicorn starts, with a message naming the variable), once by the gunicorn
-master (http/gunicorn_conf.py) and once in each worker (http/worker.py), which hands
-it down. Nothing else in the package reads os.environ (tests/unit/test_environment.py).
+`Settings.from_env()` runs once per process: in `serve` (so a bad value stops the
+container before gunicorn starts, with a message naming the variable), and in the
+gunicorn master (http/gunicorn_conf.py), which hands its object to each worker it forks.
+Nothing else in the package reads os.environ (tests/unit/test_environment.py); how each
+variable's text becomes a value is variables.py's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from smserve.core.media import MEDIA_TYPES
+from smserve import variables as parse
+# MAX_TRANSFORM_BUDGET_MB is also read from here, as one of the limits a setting keeps within.
+from smserve.variables import MAX_BATCH_DELAY_MS, MAX_TRANSFORM_BUDGET_MB  # noqa: F401
 
 DEFAULT_MODEL_DIR = "/opt/ml/model"
 # Where SageMaker copies a multi-model endpoint's models (POST /models's url:
@@ -20,20 +23,12 @@ DEFAULT_MODEL_DIR = "/opt/ml/model"
 DEFAULT_MODELS_ROOT = "/opt/ml/models"
 BATCH_STRATEGIES = ("SINGLE_RECORD", "MULTI_RECORD")
 LOG_FORMATS = ("text", "json")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-# SAGEMAKER_CONTAINER_LOG_LEVEL as the SageMaker SDK sets it (logging's numbers), or a name.
-_LOG_LEVEL_NUMBERS = {"10": "debug", "20": "info", "30": "warning", "40": "error", "50": "critical"}
-_LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}
 AUTOCAST_MODES = ("off", "fp16", "bf16")
 # torch.compile's own mode names, plus off.
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# SageMaker's own bound on MaxConcurrentTransforms x MaxPayloadInMB for a job, and
-# its MaxPayloadInMB when a job sets none.
-MAX_TRANSFORM_BUDGET_MB = 100
+# SageMaker's MaxPayloadInMB when a job sets none.
 DEFAULT_PAYLOAD_MB = 6
 MB = 1024 * 1024
-# A lone request never waits longer than this for others to batch with.
-MAX_BATCH_DELAY_MS = 1000
 
 
 class SettingsError(ValueError):
@@ -179,12 +174,12 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
         values = {}
-        for name, (variable, parse) in [*_VARIABLES.items(), *_FALLBACKS.items()]:
+        for name, (variable, convert) in [*_VARIABLES.items(), *_FALLBACKS.items()]:
             raw = env.get(variable)
             if raw is None or raw.strip() == "" or name in values:
                 continue
             try:
-                values[name] = parse(raw.strip())
+                values[name] = convert(raw.strip())
             except (ValueError, TypeError) as e:
                 raise SettingsError(f"{variable}={raw!r}: {e}") from None
         for name, (variable, keep_empty) in _RUNTIME.items():
@@ -192,114 +187,6 @@ class Settings:
             if raw is not None and (raw.strip() or keep_empty):
                 values[name] = raw
         return cls(**values)
-
-
-def _whole_number(raw: str, low: int, high: int | None, message: str) -> int:
-    """An integer from low to high (None: no upper bound); any other text is `message`."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(message) from None
-    if value < low or (high is not None and value > high):
-        raise ValueError(message)
-    return value
-
-
-def _positive_int(raw: str) -> int:
-    return _whole_number(raw, 1, None, "must be a positive integer")
-
-
-def _port(raw: str) -> int:
-    value = _positive_int(raw)
-    if value > 65535:
-        raise ValueError("must be a TCP port (1-65535)")
-    return value
-
-
-def _delay_ms(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"must be a number of milliseconds from 0 to {MAX_BATCH_DELAY_MS}") from None
-    if not 0 <= value <= MAX_BATCH_DELAY_MS:  # also rejects nan and inf
-        raise ValueError(f"must be a number of milliseconds from 0 to {MAX_BATCH_DELAY_MS}")
-    return value
-
-
-def _seconds(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError("must be a number of seconds greater than 0") from None
-    if not 0 < value <= 86400:  # also rejects nan and inf
-        raise ValueError("must be a number of seconds greater than 0 (at most 86400)")
-    return value
-
-
-def _bool(raw: str) -> bool:
-    lowered = raw.lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise ValueError("must be true or false")
-
-
-def _one_of(choices: tuple[str, ...], *, upper: bool = False) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        value = raw.upper() if upper else raw.lower()
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-def _media_type(raw: str) -> str:
-    value = raw.split(";")[0].strip().lower()
-    if value not in MEDIA_TYPES:
-        raise ValueError(f"must be one of {', '.join(MEDIA_TYPES)}")
-    return value
-
-
-def _directory(raw: str) -> str:
-    return os.path.abspath(raw)
-
-
-def _payload_mb(raw: str) -> int:
-    """MaxPayloadInMB as CreateTransformJob takes it: 0 (no limit) to 100."""
-    return _whole_number(raw, 0, MAX_TRANSFORM_BUDGET_MB, f"must be a whole number of MB from 0 (no limit) to "
-                                                          f"{MAX_TRANSFORM_BUDGET_MB} (SageMaker's limit)")
-
-
-def _concurrent_transforms(raw: str) -> int | None:
-    """MaxConcurrentTransforms as CreateTransformJob takes it: 0 is unset (SageMaker
-    then asks /execution-parameters), so None."""
-    return _whole_number(raw, 0, None, "must be a whole number >= 0 (0: not set)") or None
-
-
-def _log_level(raw: str) -> str:
-    """A level name (any case), or logging's number for one (the SDK writes "20")."""
-    value = _LOG_LEVEL_NUMBERS.get(raw) or _LOG_LEVEL_ALIASES.get(raw.lower()) or raw.lower()
-    if value not in LOG_LEVELS:
-        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)} or logging's number for one "
-                         f"({', '.join(_LOG_LEVEL_NUMBERS)})")
-    return value
-
-
-def _program(raw: str) -> str:
-    """A script's file name, as SAGEMAKER_PROGRAM holds it ("mnist.py"; a module's
-    name, "mnist", as the toolkit also takes it)."""
-    if "/" in raw or raw in (".", "..", ".py"):
-        raise ValueError("must be the name of a Python file in the model's code/ folder, such as inference.py")
-    return raw if raw.endswith(".py") else raw + ".py"
-
-
-def _device(raw: str) -> str:
-    value = raw.lower()
-    if value in ("auto", "cpu", "cuda"):
-        return value
-    raise ValueError("must be auto, cpu or cuda")
 
 
 # The PyTorch containers take any whole number in these (int() of the text); this server
@@ -352,50 +239,50 @@ def _clamp_note(variable: str, raw: str) -> str | None:
 PREFIX = "SMSERVE_"
 # field -> (environment variable, parser). The README's settings table lists these.
 _VARIABLES: dict[str, tuple[str, Callable[[str], object]]] = {
-    "port": ("SAGEMAKER_BIND_TO_PORT", _port),
+    "port": ("SAGEMAKER_BIND_TO_PORT", parse.port),
     "workers": ("SAGEMAKER_MODEL_SERVER_WORKERS", lambda raw: _clamped("SAGEMAKER_MODEL_SERVER_WORKERS", raw)[0]),
-    "workers_per_gpu": (PREFIX + "WORKERS_PER_GPU", _positive_int),
+    "workers_per_gpu": (PREFIX + "WORKERS_PER_GPU", parse.positive_int),
     "timeout": ("SAGEMAKER_MODEL_SERVER_TIMEOUT", lambda raw: _clamped("SAGEMAKER_MODEL_SERVER_TIMEOUT", raw)[0]),
-    "default_accept": ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", _media_type),
-    "model_dir": ("SM_MODEL_DIR", _directory),
-    "batch": ("SAGEMAKER_BATCH", _bool),
-    "batch_strategy": ("SAGEMAKER_BATCH_STRATEGY", _one_of(BATCH_STRATEGIES, upper=True)),
-    "max_payload_mb": ("SAGEMAKER_MAX_PAYLOAD_IN_MB", _payload_mb),
-    "max_concurrent_transforms": ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", _concurrent_transforms),
-    "graceful_timeout": (PREFIX + "GRACEFUL_TIMEOUT", _positive_int),
-    "max_request_mb": (PREFIX + "MAX_REQUEST_MB", _positive_int),
-    "max_batch_size": (PREFIX + "MAX_BATCH_SIZE", _positive_int),
-    "max_batch_delay_ms": (PREFIX + "MAX_BATCH_DELAY_MS", _delay_ms),
-    "inline_pass_ms": (PREFIX + "INLINE_PASS_MS", _delay_ms),
-    "header_timeout": (PREFIX + "HEADER_TIMEOUT", _seconds),
-    "body_timeout": (PREFIX + "BODY_TIMEOUT", _seconds),
-    "send_timeout": (PREFIX + "SEND_TIMEOUT", _seconds),
-    "max_connections": (PREFIX + "MAX_CONNECTIONS", _positive_int),
-    "max_sessions": (PREFIX + "MAX_SESSIONS", _positive_int),
-    "session_ttl_s": (PREFIX + "SESSION_TTL_S", _seconds),
-    "session_idle_s": (PREFIX + "SESSION_IDLE_S", _seconds),
-    "session_state_mb": (PREFIX + "SESSION_STATE_MB", _positive_int),
-    "codec_threads": (PREFIX + "CODEC_THREADS", _positive_int),
-    "hook_threads": (PREFIX + "HOOK_THREADS", _positive_int),
-    "hook_processes": (PREFIX + "HOOK_PROCESSES", lambda raw: _whole_number(raw, 0, 256, "must be 0 (off) to 256")),
-    "torch_threads": (PREFIX + "TORCH_THREADS", _positive_int),
-    "device": (PREFIX + "DEVICE", _device),
-    "autocast": (PREFIX + "AUTOCAST", _one_of(AUTOCAST_MODES)),
-    "compile_mode": (PREFIX + "COMPILE", _one_of(COMPILE_MODES)),
-    "log_level": (PREFIX + "LOG_LEVEL", _log_level),
-    "log_format": (PREFIX + "LOG_FORMAT", _one_of(LOG_FORMATS)),
-    "exit_on_load_error": (PREFIX + "EXIT_ON_LOAD_ERROR", _bool),
-    "multi_model": ("SAGEMAKER_MULTI_MODEL", _bool),
-    "models_memory_mb": (PREFIX + "MODELS_MEMORY_MB", _positive_int),
-    "model_load_timeout": (PREFIX + "MODEL_LOAD_TIMEOUT", _positive_int),
-    "models_root": (PREFIX + "MODELS_ROOT", _directory),
-    "metrics": (PREFIX + "METRICS", _bool),
-    "program": ("SAGEMAKER_PROGRAM", _program),
+    "default_accept": ("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT", parse.media_type),
+    "model_dir": ("SM_MODEL_DIR", parse.directory),
+    "batch": ("SAGEMAKER_BATCH", parse.boolean),
+    "batch_strategy": ("SAGEMAKER_BATCH_STRATEGY", parse.one_of(BATCH_STRATEGIES, upper=True)),
+    "max_payload_mb": ("SAGEMAKER_MAX_PAYLOAD_IN_MB", parse.payload_mb),
+    "max_concurrent_transforms": ("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", parse.concurrent_transforms),
+    "graceful_timeout": (PREFIX + "GRACEFUL_TIMEOUT", parse.positive_int),
+    "max_request_mb": (PREFIX + "MAX_REQUEST_MB", parse.positive_int),
+    "max_batch_size": (PREFIX + "MAX_BATCH_SIZE", parse.positive_int),
+    "max_batch_delay_ms": (PREFIX + "MAX_BATCH_DELAY_MS", parse.delay_ms),
+    "inline_pass_ms": (PREFIX + "INLINE_PASS_MS", parse.delay_ms),
+    "header_timeout": (PREFIX + "HEADER_TIMEOUT", parse.seconds),
+    "body_timeout": (PREFIX + "BODY_TIMEOUT", parse.seconds),
+    "send_timeout": (PREFIX + "SEND_TIMEOUT", parse.seconds),
+    "max_connections": (PREFIX + "MAX_CONNECTIONS", parse.positive_int),
+    "max_sessions": (PREFIX + "MAX_SESSIONS", parse.positive_int),
+    "session_ttl_s": (PREFIX + "SESSION_TTL_S", parse.seconds),
+    "session_idle_s": (PREFIX + "SESSION_IDLE_S", parse.seconds),
+    "session_state_mb": (PREFIX + "SESSION_STATE_MB", parse.positive_int),
+    "codec_threads": (PREFIX + "CODEC_THREADS", parse.positive_int),
+    "hook_threads": (PREFIX + "HOOK_THREADS", parse.positive_int),
+    "hook_processes": (PREFIX + "HOOK_PROCESSES", lambda raw: parse.whole_number(raw, 0, 256, "must be 0 (off) to 256")),
+    "torch_threads": (PREFIX + "TORCH_THREADS", parse.positive_int),
+    "device": (PREFIX + "DEVICE", parse.device),
+    "autocast": (PREFIX + "AUTOCAST", parse.one_of(AUTOCAST_MODES)),
+    "compile_mode": (PREFIX + "COMPILE", parse.one_of(COMPILE_MODES)),
+    "log_level": (PREFIX + "LOG_LEVEL", parse.log_level),
+    "log_format": (PREFIX + "LOG_FORMAT", parse.one_of(LOG_FORMATS)),
+    "exit_on_load_error": (PREFIX + "EXIT_ON_LOAD_ERROR", parse.boolean),
+    "multi_model": ("SAGEMAKER_MULTI_MODEL", parse.boolean),
+    "models_memory_mb": (PREFIX + "MODELS_MEMORY_MB", parse.positive_int),
+    "model_load_timeout": (PREFIX + "MODEL_LOAD_TIMEOUT", parse.positive_int),
+    "models_root": (PREFIX + "MODELS_ROOT", parse.directory),
+    "metrics": (PREFIX + "METRICS", parse.boolean),
+    "program": ("SAGEMAKER_PROGRAM", parse.program),
     "submit_directory": ("SAGEMAKER_SUBMIT_DIRECTORY", str),
 }
 # Read when the field's own variable is unset: SageMaker's name for the same setting.
 _FALLBACKS: dict[str, tuple[str, Callable[[str], object]]] = {
-    "log_level": ("SAGEMAKER_CONTAINER_LOG_LEVEL", _log_level),
+    "log_level": ("SAGEMAKER_CONTAINER_LOG_LEVEL", parse.log_level),
     # The SageMaker PyTorch containers' (TorchServe's) names for the same settings.
     "max_batch_size": ("SAGEMAKER_TS_BATCH_SIZE", lambda raw: _clamped("SAGEMAKER_TS_BATCH_SIZE", raw)[0]),
     "max_batch_delay_ms": ("SAGEMAKER_TS_MAX_BATCH_DELAY", lambda raw: _clamped("SAGEMAKER_TS_MAX_BATCH_DELAY", raw)[0]),

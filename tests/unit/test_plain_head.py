@@ -1,4 +1,4 @@
-"""http/head.PlainHeadRequest: a plain head read in one pass gives the request gunicorn's
+"""http/connection.PlainHeadRequest: a plain head read in one pass gives the request gunicorn's
 parser gives, and any head it does not take is gunicorn's to answer, error for error."""
 
 import pytest
@@ -7,9 +7,8 @@ from gunicorn.http.message import Request
 from gunicorn.http.parser import RequestParser
 from hypothesis import example, given, settings, strategies as st
 
-from smserve.http import head as head_module
-from smserve.http.connection import SettledConfig
-from smserve.http.head import PlainHeadParser
+from smserve.http import connection as head_module
+from smserve.http.connection import PlainHeadParser, SettledConfig
 
 PEER = ("127.0.0.1", 5000)
 

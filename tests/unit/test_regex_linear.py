@@ -34,9 +34,8 @@ from smserve.codecs.v2 import header as v2_header
 from smserve.core import session_ids
 from smserve.engine.multimodel import registry as model_registry
 from smserve.errors import BadRequest
-from smserve.http import head, sending
-from smserve.http.connection import SettledConfig
-from smserve.http.head import PlainHeadParser
+from smserve.http import connection as head, sending
+from smserve.http.connection import PlainHeadParser, SettledConfig
 from smserve.routes import endpoints, models as model_routes
 from smserve.settings import Settings
 
@@ -83,7 +82,7 @@ REQUEST_LINE = b"GET / HTTP/1.1\r\n"
 
 
 def _fields(lines: bytes):
-    """head._FIELD's search as head.py makes it: from the request line's end to the head's."""
+    """head._FIELD's search as http/connection.py makes it: from the request line's end to the head's."""
     buf = REQUEST_LINE + lines
     return list(head._FIELD.finditer(buf, len(REQUEST_LINE), len(buf)))
 
@@ -103,7 +102,7 @@ HEAD_CONFIG = SettledConfig(Config())  # gunicorn's defaults, as the worker sett
 
 
 def _parse_head(buf: bytes):
-    """The worker's parser on a head (http/head.py, gunicorn's parser where it is not plain)."""
+    """The worker's parser on a head (http/connection.py, gunicorn's parser where it is not plain)."""
     try:
         return next(PlainHeadParser(HEAD_CONFIG, _Socket(buf), ("127.0.0.1", 5000)))
     except ParseException:  # its refusal of a bad head
@@ -176,7 +175,7 @@ def _cases():
         # ---- v2's header length (codecs/v2/header.py)
         ("v2-stoi-blanks", v2_header._stoi, lambda n: " " * n + "x"),
         ("v2-stoi-digits", v2_header._stoi, lambda n: "1" * n + "x"),
-        # ---- request heads (http/head.py): the request line, the fields, one whole head
+        # ---- request heads (http/connection.py): the request line, the fields, one whole head
         ("head-request-line-path", head._REQUEST_LINE.match, lambda n: b"GET /" + b"a" * n),
         ("head-request-line-no-crlf", head._REQUEST_LINE.match, lambda n: b"GET /" + b"a" * n + b" HTTP/1.1"),
         ("head-field-no-colon", _fields, lambda n: b"a" * n + b"\r\n"),

@@ -1,24 +1,47 @@
 """A request's body, read whole before the route runs: within the body deadline and the
 payload limit, chunked bodies bounded in chunks as well as bytes, and every way a body
-can be wrong answered with the status that says so."""
+can be wrong answered with the status that says so.
+
+Reading turns on the event loop (Turn): recv() on a gevent socket yields only when the
+socket is empty, so a client that keeps sending (a big body, after an error answer, or a
+big WebSocket message) would hold the loop, and every /ping behind it, for as long as it
+sends; a reader calls `turn.take()` after each read instead."""
 
 from __future__ import annotations
 
 import io
+import time
 from http import HTTPStatus
 
+import gevent
 from gunicorn.http import errors as http_errors
 from gunicorn.http.body import LengthReader
-
-from smserve.http import turns
 
 READ_SIZE = 1024 * 1024
 # A body up to this size is joined from its reads in one copy (_Body).
 JOIN_BYTES = 1024 * 1024
 # Non-empty chunks in one chunked body, as Triton's HTTP front end allows (its wording
-# too): each costs a Python-level parse, so a body of one-byte chunks costs ~6x its size
-# in parsing.
+# too): each costs a Python-level parse, so many tiny chunks cost far more than their bytes.
 MAX_CHUNKS = 1 << 16
+
+
+# Longest one greenlet's busy reading runs before the others (a /ping) get a turn.
+LOOP_TURN_S = 0.002
+
+
+class Turn:
+    """One reader's share of the loop (the module's docstring says why)."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+
+    def take(self) -> None:
+        """Yield to the loop if this reader has had it for LOOP_TURN_S."""
+        if time.monotonic() - self.since > LOOP_TURN_S:
+            # sleep(0) may resume this greenlet before the loop polls for I/O again;
+            # any positive time waits for the next poll.
+            gevent.sleep(LOOP_TURN_S / 20)
+            self.since = time.monotonic()
 
 
 class ClientError(Exception):
@@ -70,7 +93,7 @@ def read_body(req, declared: int | None, settings, unreader=None) -> bytes:
     too_big = _too_big(settings)
     if req.body is None:
         return b""
-    turn = turns.Turn()
+    turn = Turn()
     if declared is not None and unreader is not None and isinstance(getattr(req.body, "reader", None), LengthReader):
         return _read_sized(req, declared, unreader, turn)
     check_chunks(req.body, limit, too_big, turn)
@@ -100,8 +123,8 @@ class _Body:
     """A body's reads, gathered. Up to JOIN_BYTES they are kept as they came and joined
     once at the end (one copy of the body); past that they grow in a BytesIO, whose
     buffer is enlarged in place and whose getvalue() hands it over without a copy,
-    where joining would copy the whole body in one step with the GIL held (40 MB:
-    30-40 ms, /ping waiting)."""
+    where joining would copy the whole body in one step with the GIL held (/ping
+    waiting)."""
 
     __slots__ = ("parts", "size", "grown")
 
@@ -129,12 +152,12 @@ class _Body:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _read_sized(req, declared: int, unreader, turn: turns.Turn) -> bytes:
+def _read_sized(req, declared: int, unreader, turn: Turn) -> bytes:
     """A body of `declared` bytes, read from the socket under gunicorn's reader: what
     came with the head (and is buffered), then straight from the socket, each byte
     copied once on its way to the one buffer that is handed over. gunicorn's Body,
-    LengthReader and Unreader pass every byte through three buffers (about 40 us of
-    a 64 KiB request's time); its reader is then told the body has been read."""
+    LengthReader and Unreader pass every byte through three buffers; its reader is
+    then told the body has been read."""
     ahead = unreader.take_buffered()
     if len(ahead) > declared:
         unreader.unread(ahead[declared:])  # a pipelined request's first bytes
@@ -155,7 +178,7 @@ def _read_sized(req, declared: int, unreader, turn: turns.Turn) -> bytes:
     return body.value()
 
 
-def check_chunks(body, limit: int, too_big: str, turn: turns.Turn) -> None:
+def check_chunks(body, limit: int, too_big: str, turn: Turn) -> None:
     """A chunked body is refused as soon as its declared chunk sizes pass the limit,
     not after that many bytes have been read (or waited for), and past MAX_CHUNKS
     chunks. Each chunk is parsed in Python, and one read of the body parses as many as

@@ -1,7 +1,10 @@
 """gunicorn configuration, as a Python module: `gunicorn -c python:smserve.http.gunicorn_conf`.
 
 Read once by the master: the master's composition root, which reads the settings once
-and hands values to gunicorn (and to prometheus_client, through `serve`'s environment).
+and hands values to gunicorn (and to prometheus_client, through `serve`'s environment),
+and the settings themselves and each worker's index to the workers (pre_fork).
+gunicorn's per-request hooks (pre_request, post_request) are not called: the worker
+owns the request loop (docs/server-behavior.md).
 The master never imports torch: each worker (worker.py) loads the model after fork
 (CUDA cannot survive a fork).
 """
@@ -61,6 +64,8 @@ def pre_fork(server, worker):
     # takes over its predecessor's GPU (worker i -> GPU i mod n).
     taken = {getattr(w, "smserve_index", None) for w in server.WORKERS.values()}
     worker.smserve_index = next(i for i in range(len(taken) + 1) if i not in taken)
+    # The settings this master read, handed to the worker: it reads no environment itself.
+    worker.smserve_settings = _settings
 
 
 def child_exit(server, worker):

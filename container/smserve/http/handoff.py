@@ -15,8 +15,7 @@ any request is read, and one connection carries many sessions' requests; proxyin
 request to the owner over a local socket copies every body and answer twice more and
 needs a relay for streamed answers; one worker owning every session would put all of
 them, and their forward passes, on one GPU. A hand-off costs one sendmsg and one
-recvmsg (tens of microseconds), and the connection's later requests of that session
-cost nothing.
+recvmsg, and the connection's later requests of that session cost nothing.
 
 Wire format, per hand-off on a stream socket between two workers: 8 bytes (the lengths
 of a JSON note and of the request's bytes) with the descriptor attached, then the note

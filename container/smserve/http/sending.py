@@ -15,8 +15,7 @@ from gunicorn.http import wsgi
 from gevent import socket as gevent_socket
 
 from smserve.errors import json_error_body
-from smserve.http import turns
-from smserve.http.body import READ_SIZE, ClientError
+from smserve.http.body import READ_SIZE, ClientError, Turn
 from smserve.http.connection import Close
 from smserve.routes.table import reason
 
@@ -142,7 +141,7 @@ def linger(sock) -> None:
     except OSError:
         return
     dropped = 0
-    turn = turns.Turn()
+    turn = Turn()
     raw = sock._sock
     try:
         with gevent.Timeout(LINGER_TOTAL_S, False):

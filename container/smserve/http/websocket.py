@@ -5,10 +5,10 @@ SageMaker opens a WebSocket to `/invocations-bidirectional-stream` on the servin
 (or the path its caller chose: any path that is not a route), with the caller's query
 string, and maps payload parts to frames one to one: UTF8 parts are text frames, BINARY
 parts binary frames, a run of PARTIAL parts one fragmented message. This module is the
-connection's side, as uvicorn keeps wsproto's framing apart from the app: the
-handshake, frames in and out (wsproto), pings, sends that must make progress within the
-send deadline, the closing handshake, and the drain at SIGTERM. What messages mean is the session's (streaming/: default sessions and a
-model's stream_fn); it gets each complete message and hands back what to send.
+connection's side (as uvicorn keeps wsproto's framing apart from the app): the handshake,
+frames in and out, pings, sends within the send deadline, the closing handshake, the
+drain at SIGTERM. What messages mean is the session's (streaming/), which gets each
+complete message and hands back what to send.
 
 A session runs in the worker's gevent loop like any connection. It ends with a close
 code (streaming.session.CloseReason): 1000 when the client or the stream_fn closed,
@@ -26,6 +26,7 @@ import sys
 import termios
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import gevent
 from gevent import socket as gevent_socket
@@ -36,9 +37,9 @@ from wsproto.frame_protocol import FrameProtocol
 from wsproto.utilities import LocalProtocolError
 
 from smserve import metrics
-from smserve.http import access, turns
-from smserve.http.body import joined_headers
-from smserve.http.sending import SendTimeout, reset_on_close
+from smserve.http import access
+from smserve.http.body import Turn, joined_headers
+from smserve.http.sending import SendTimeout, reset_on_close, send_error
 from smserve.http.websocket_handshake import (PATH, HandshakeRefused, accept_response, check_handshake,
                                               check_session, offers_websocket)
 from smserve.streaming.handlers import open_session
@@ -55,31 +56,32 @@ CLOSE_WAIT_S = 2.0
 CLOSED, GONE, DRAINED = "closed", "gone", "drained"
 
 
-def serve(worker, sock, writer, req, leftover: bytes, addr) -> None:
+def serve(sock, writer, req, leftover: bytes, addr, *, server, settings, sessions: set,
+          alive: Callable[[], bool]) -> None:
     """Run one session on a connection whose handshake request was just parsed; the
-    connection ends with it. writer sends with the send deadline (http.sending.Sender).
-    A session that opens while the worker drains (its handshake was waiting at SIGTERM)
-    drains at once: the messages that came with the handshake are answered, then 1001."""
+    connection ends with it. writer sends within the send deadline (sending.Sender);
+    sessions: the worker's open ones, which its drain walks; alive(): False once it
+    drains. A session opened while the worker drains (its handshake was waiting at
+    SIGTERM) drains at once: what came with the handshake is answered, then 1001."""
     started = time.monotonic()
     try:
         key = check_handshake(req)
-        check_session(worker.model_server, req)
+        check_session(server, req)
     except HandshakeRefused as refused:
-        worker.send_error(sock, refused.status, refused.message, refused.headers)
+        send_error(sock, refused.status, refused.message, refused.headers)
         access.log_request((req, addr), refused.status, 0, started, route=PATH)
         return
     writer.sendall(accept_response(key))
-    websocket = WebSocket(worker, sock, writer, req, leftover, addr)
-    worker.sessions.add(websocket)
+    websocket = WebSocket(server, settings, sock, writer, req, leftover, addr)
+    sessions.add(websocket)
     metrics.websocket_session(opened=True)
-    # After the add: begin_drain sets `alive` before it walks the sessions, so every
-    # session is told, by begin_drain or here.
-    if not getattr(worker, "alive", True):
+    # After the add: begin_drain clears `alive` before it walks the sessions, so each is told.
+    if not alive():
         websocket.shutdown()
     try:
         websocket.run()
     finally:
-        worker.sessions.discard(websocket)
+        sessions.discard(websocket)
         metrics.websocket_session(opened=False)
         access.log_request((req, addr), 101, websocket.sent, started, route=PATH)
         log.info("session from %s closed %d after %d message(s) in, %d out%s", access.peer(addr),
@@ -94,8 +96,8 @@ class _Inbound:
     text: bool
     parts: list = field(default_factory=list)
     size: int = 0
-    # A binary message of several fragments grows in place here: joining them at the
-    # end would copy the whole message at once (50 MB: tens of ms with the loop held).
+    # A binary message of several fragments grows in place: a join at the end would copy
+    # the whole message in one step, the loop held.
     grown: io.BytesIO | None = None
 
     def add(self, data) -> None:
@@ -119,9 +121,9 @@ class _Inbound:
 class WebSocket:
     """One session's connection, from the 101 to the end of the closing handshake."""
 
-    def __init__(self, worker, sock, writer, req, leftover: bytes, addr):
-        self.server = worker.model_server
-        self.settings = worker.settings
+    def __init__(self, server, settings, sock, writer, req, leftover: bytes, addr):
+        self.server = server
+        self.settings = settings
         self.sock = sock
         self.writer = writer
         # wsproto reads the client's frames and keeps the closing handshake's state.
@@ -143,8 +145,7 @@ class WebSocket:
         self.draining = False
         # Why the session was cut off without a Close frame (the client stopped reading).
         self.cut_off: str | None = None
-        # At SIGTERM: how many bytes were waiting unread in the socket. They reached the
-        # server before the signal, so the messages they complete are held and answered.
+        # At SIGTERM: the bytes unread in the socket, which came before it: their messages are answered.
         self.held_unread = 0
         # The watcher the reader waits on for bytes; shutdown() cancels that wait.
         self.readable = None
@@ -174,8 +175,7 @@ class WebSocket:
                 answering.join()
                 outcome = _outcome(answering)
             elif done is self.reader:
-                # The client closed or vanished, or sent what cannot be read: its
-                # answers have nowhere to go.
+                # The client closed or vanished, or sent what cannot be read: no answer can reach it.
                 session.end_of_messages()
                 answering.kill(block=True, timeout=CLOSE_WAIT_S)
                 outcome = _outcome(self.reader)
@@ -233,7 +233,7 @@ class WebSocket:
         if self.leftover:
             self._receive(self.leftover)
         raw = self.sock._sock  # non-blocking; the waits are ours (see _wait_readable)
-        turn = turns.Turn()
+        turn = Turn()
         while not self.remote_closed and not self.draining:
             try:
                 data = raw.recv(READ_SIZE, socket.MSG_DONTWAIT)
