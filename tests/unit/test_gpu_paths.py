@@ -59,6 +59,7 @@ import logging  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 
+from smserve.engine.model import compiling  # noqa: E402
 from smserve.engine.worker import loaded_model as model_module  # noqa: E402
 from smserve.engine.hooks.script import Hooks  # noqa: E402
 from smserve.core.metadata import ModelMetadata, TensorSpec  # noqa: E402
@@ -272,7 +273,7 @@ def dynamo_errors():
 def compiled_probe(backend):
     loaded = probe_model()
     eager = loaded.model = torch.nn.Linear(16, 4).eval()  # no side effects: no guards on them
-    loaded.model = model_module.compile_model(eager, "default", backend=backend)
+    loaded.model = compiling.compile_model(eager, "default", backend=backend)
     loaded.uncompiled, loaded.compiled = eager, "default"
     return loaded, eager
 
@@ -299,9 +300,34 @@ def test_a_compiled_model_is_warmed_at_batch_1_2_and_the_max(dynamo_errors):
 def test_a_compiled_model_is_warmed_at_the_served_max_batch_not_only_the_metadatas():
     loaded = probe_model()  # metadata: max_batch_size 8
     loaded.compiled = "default"
-    assert [b["x"].shape[0] for b in loaded._warm_up_inputs()] == [1, 2, 8]
+    assert [b["x"].shape[0] for b in compiling.warm_up_inputs(loaded)] == [1, 2, 8]
     # SMSERVE_MAX_BATCH_SIZE (or SAGEMAKER_TS_BATCH_SIZE) is what passes are cut at: its peak memory is paid now
-    assert [b["x"].shape[0] for b in loaded._warm_up_inputs(32)] == [1, 2, 32]
+    assert [b["x"].shape[0] for b in compiling.warm_up_inputs(loaded, 32)] == [1, 2, 32]
+
+
+def test_the_worker_warms_a_compiled_model_at_smserve_max_batch_size_not_the_metadatas(
+        monkeypatch, example_model_dir, dynamo_errors):
+    """metadata.json says 256; SMSERVE_MAX_BATCH_SIZE=32 is what the worker cuts passes
+    at, so its compiled warm-up runs at 32 (and pays that size's peak memory)."""
+    import dataclasses
+
+    from smserve.engine.worker.server import ModelServer
+    from smserve.settings import Settings
+
+    settings = dataclasses.replace(Settings.from_env({"SMSERVE_MAX_BATCH_SIZE": "32", "SMSERVE_COMPILE": "default"}),
+                                   model_dir=str(example_model_dir))
+    sizes = []
+    monkeypatch.setattr(compiling, "compile_model", lambda model, mode: model)  # compiled, as the warm-up sees it
+    monkeypatch.setattr(compiling, "_run", lambda loaded, batches: sizes.extend(
+        next(iter(b.values())).shape[0] for b in batches))
+    server = ModelServer(settings, worker_index=0, workers=1)
+    server.load()
+    try:
+        assert server.status == "ready", server.error
+        assert server.model.metadata.max_batch_size == 256 and server.runner.max_batch_size == 32
+        assert sizes == [1, 2, 32]
+    finally:
+        server.close()
 
 
 def test_a_compile_failure_is_a_warning_and_the_model_serves_uncompiled(dynamo_errors, caplog):
@@ -309,10 +335,10 @@ def test_a_compile_failure_is_a_warning_and_the_model_serves_uncompiled(dynamo_e
         raise RuntimeError("no C compiler here\nline 2\nline 3\nline 4 of a long log")
 
     loaded, eager = compiled_probe(broken_backend)
-    with caplog.at_level(logging.WARNING, logger="smserve.engine.worker.loaded_model"):
+    with caplog.at_level(logging.WARNING, logger="smserve.engine.model.compiling"):
         assert loaded.warm_up()
     assert loaded.compiled == "failed" and loaded.model is eager
-    warning = next(r for r in caplog.records if r.name == "smserve.engine.worker.loaded_model" and r.levelno == logging.WARNING)
+    warning = next(r for r in caplog.records if r.name == "smserve.engine.model.compiling" and r.levelno == logging.WARNING)
     assert "SMSERVE_COMPILE=default failed, serving the model uncompiled" in warning.getMessage()
     assert "no C compiler here" in warning.getMessage() and "line 4" not in warning.getMessage()
     with torch.no_grad():
@@ -328,9 +354,9 @@ def test_a_model_that_fails_uncompiled_too_is_a_load_error(dynamo_errors):
 
 def test_torchscript_and_non_modules_are_not_compiled(caplog):
     scripted = torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2))
-    with caplog.at_level(logging.WARNING, logger="smserve.engine.worker.loaded_model"):
-        assert model_module.compile_model(scripted, "max-autotune") is None
-        assert model_module.compile_model(object(), "default") is None
+    with caplog.at_level(logging.WARNING, logger="smserve.engine.model.compiling"):
+        assert compiling.compile_model(scripted, "max-autotune") is None
+        assert compiling.compile_model(object(), "default") is None
     messages = [r.getMessage() for r in caplog.records]
     assert any("TorchScript" in m for m in messages) and any("not a torch.nn.Module" in m for m in messages)
 
@@ -339,8 +365,8 @@ def test_compile_is_skipped_where_gevent_would_deadlock_its_subprocesses(monkeyp
     from gevent import monkey
 
     monkeypatch.setattr(monkey, "is_object_patched", lambda module, name: (module, name) == ("os", "close"))
-    with caplog.at_level(logging.WARNING, logger="smserve.engine.worker.loaded_model"):
-        assert model_module.compile_model(torch.nn.Linear(2, 2), "default") is None
+    with caplog.at_level(logging.WARNING, logger="smserve.engine.model.compiling"):
+        assert compiling.compile_model(torch.nn.Linear(2, 2), "default") is None
     assert "SMSERVE_COMPILE=default ignored, serving the model uncompiled" in caplog.text
     assert "os.close" in caplog.text
 

@@ -184,7 +184,7 @@ def test_a_loop_that_has_not_polled_lately_hands_the_pass_to_the_thread():
     """A run of inline passes must not keep /ping waiting: once the loop has gone
     INLINE_POLL_S without polling its sockets, the next pass goes to the thread (and
     the loop polls while it runs)."""
-    from smserve.engine.batching import runner as runner_module
+    from smserve.engine.batching import inline as inline_module
 
     model = ThreadModel()
     runner = Runner()
@@ -194,7 +194,7 @@ def test_a_loop_that_has_not_polled_lately_hands_the_pass_to_the_thread():
     _fresh_loop_turn()
     runner.infer({"x": x})
     assert model.threads[-1] == threading.get_ident()
-    busy_until = time.monotonic() + 2 * runner_module.INLINE_POLL_S
+    busy_until = time.monotonic() + 2 * inline_module.INLINE_POLL_S
     while time.monotonic() < busy_until:  # this greenlet's own work, without a yield
         pass
     runner.infer({"x": x})
@@ -214,11 +214,11 @@ def test_full_requests_read_in_one_turn_run_their_passes_back_to_back(together, 
         events.append("pass")
         return {"y": inputs["x"]}
 
-    from smserve.engine.batching import runner as runner_module
+    from smserve.engine.batching import inline as inline_module
 
     # Every pass inline, however late a loaded machine runs this after the poll: a pass
     # on the thread would let a waiting greenlet's "answered" in between passes.
-    monkeypatch.setattr(runner_module, "INLINE_POLL_S", 60.0)
+    monkeypatch.setattr(inline_module, "INLINE_POLL_S", 60.0)
     runner = Runner()
     runner.start(model, max_batch_size=4, inline_pass_s=60.0)
     x = np.zeros((4, 2), np.float32)
@@ -298,19 +298,19 @@ def test_a_pass_short_in_cpu_but_long_by_the_clock_is_kept_off_the_loop_after_a_
         time.sleep(0.03)  # a wait, not CPU
         return {"y": inputs["x"]}
 
-    from smserve.engine.batching import runner as runner_module
+    from smserve.engine.batching import inline as inline_module
 
     runner = Runner()
     runner.start(waits, max_batch_size=0, inline_pass_s=0.01)
     x = np.zeros((2, 2), np.float32)
-    for _ in range(2 * runner_module.INLINE_STRIKES + 3):
+    for _ in range(2 * inline_module.INLINE_STRIKES + 3):
         _fresh_loop_turn()
         runner.infer({"x": x})
     here = threading.get_ident()
     # Short in CPU on the thread, so tried inline; long there each time: after
     # INLINE_STRIKES of them in a row (one could be the host's preemption), kept off.
-    assert threads.count(here) == runner_module.INLINE_STRIKES
-    assert here not in threads[2 * runner_module.INLINE_STRIKES:]
+    assert threads.count(here) == inline_module.INLINE_STRIKES
+    assert here not in threads[2 * inline_module.INLINE_STRIKES:]
 
 
 def test_a_request_taken_by_the_batcher_is_not_overtaken_by_a_full_one_read_after_it():

@@ -1,11 +1,14 @@
 """Requests cut into forward passes and passes cut back into requests: the row
-arithmetic of the batcher (engine/batching/runner.py), on named arrays, and the chunks it queues."""
+arithmetic of the batcher (engine/batching/runner.py), on named arrays, the chunks it
+queues, and its queue of them."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
+import gevent.queue
 import numpy as np
 from gevent.event import AsyncResult
 
@@ -99,3 +102,73 @@ def cut(inputs: Arrays, size: int, form: batchable.Form | None) -> list[Chunk]:
     for chunk, following in zip(chunks, chunks[1:]):
         chunk.follow = following
     return chunks
+
+
+class ChunkQueue:
+    """The batcher's queue of chunks. A request's first chunk is queued when it comes,
+    each next one when the batcher takes the one before: a request of thousands of
+    passes does not stand ahead of one that arrives after its first pass, and a request
+    alone still has its next chunk queued while a pass runs."""
+
+    def __init__(self):
+        self._queue: gevent.queue.Queue = gevent.queue.Queue()
+        self._held: Chunk | None = None  # taken but did not fit the last batch
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    def empty(self) -> bool:
+        """Nothing queued, nor held over from the last batch."""
+        return self._held is None and not self._queue.qsize()
+
+    def answers(self, chunks: list[Chunk]) -> Iterator:
+        """Each of a request's chunks' answers, in order, as each pass ends. Every chunk
+        is dropped at the end: one still queued is left without a pass, one answered
+        lets its inputs go."""
+        try:
+            self._queue.put(chunks[0])
+            for chunk in chunks:
+                yield chunk.result.get()
+        finally:
+            for chunk in chunks:
+                chunk.drop()
+
+    def first(self) -> Chunk:
+        """The next batch's first chunk: the one held over, else the next one queued
+        (waiting for it)."""
+        first = self._held if self._held is not None and not self._held.dropped else None
+        self._held = None
+        while first is None:
+            first = self._take(self._queue.get())
+        return first
+
+    def gather(self, first: Chunk, max_rows: int, delay_s: float, alone: Callable[[], bool]) -> list[Chunk]:
+        """first and the chunks queued within delay_s after it that fit beside it: up to
+        max_rows records, all of its signature. The first that does not fit is held for
+        the next batch. alone(): batching has ended meanwhile (the rest run alone)."""
+        batch, rows, signature = [first], first.rows, first.signature
+        deadline = time.monotonic() + delay_s
+        while rows < max_rows and not alone():
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._take(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
+            except gevent.queue.Empty:
+                break
+            if item is None:
+                continue
+            if rows + item.rows > max_rows or item.signature != signature:
+                self._held = item
+                break
+            batch.append(item)
+            rows += item.rows
+        return batch
+
+    def _take(self, item: Chunk) -> Chunk | None:
+        """The batcher takes item: its request's next chunk queues behind those waiting.
+        None for an item whose request has gone."""
+        if item.dropped:
+            return None
+        if item.follow is not None:
+            self._queue.put(item.follow)
+            item.follow = None
+        return item

@@ -123,7 +123,7 @@ class Trial:
         self.tried = True
         last = batch[-1]
         try:
-            _, alone = runner._forward(last.rows, runner._predict, (last.inputs, None, last.form))
+            _, alone = runner._run_pass(last.rows, runner._predict, (last.inputs, None, last.form))
             differs = main_lane.call(difference, parts[-1], alone)
         except HTTPError as e:
             alone, differs = e, f"it failed alone ({e.message})"
@@ -131,7 +131,7 @@ class Trial:
             return True
         self.end(runner, f"a request's answer in a pass of {len(batch)} requests is not its answer alone: {differs}")
         for item in batch[:-1]:
-            runner._run_alone(item)
+            runner._answer_alone(item)
         if isinstance(alone, HTTPError):
             last.result.set_exception(alone)
         else:

@@ -6,7 +6,7 @@ from page-locked ("pinned") memory it is one DMA the GPU runs by itself. So on a
 device the runner's concatenation of a batch's requests writes straight into a pinned
 buffer (one per input name, reused across passes, grown by doubling), and the model
 copies from there with non_blocking=True: one host copy and one device copy per input
-per pass. On the CPU nothing is staged (model.py keeps no HostStaging).
+per pass. On the CPU nothing is staged (torch_model.TorchModel keeps no HostStaging).
 
 A buffer is written again only once the GPU has finished reading it: each copy records
 a CUDA event, and the next write waits on it (usually long done: the pass's outputs

@@ -1,8 +1,8 @@
 """Who gets a core first: the event loop, which answers /ping and moves every request's
 bytes, before the threads that run model and hook code; and when the loop last polled
 its sockets, which decides whether a short forward pass may run on its thread
-(runner.Runner._forward), and whether that poll left other greenlets ready to run
-(runner.Runner._direct)."""
+(engine/batching/inline.py), and whether that poll left other greenlets ready to run
+(runner.Runner._outside_batcher)."""
 
 from __future__ import annotations
 
