@@ -1,5 +1,6 @@
-"""Helpers around real server processes (local_test.server_process.ServerProcess):
-starting several side by side, their worker processes, waiting for a state by polling."""
+"""The test server and what tests ask of it: ServerProcess and HTTPProcess (their home is
+local_test/server_process.py, which compat_check and batch_example run too), starting several
+side by side, their worker processes, their /metrics, and waiting for a state by polling."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from local_test import server_process
-from local_test.server_process import ServerProcess
+from local_test.server_process import (EXAMPLE_MODEL, ROOT, SERVE, HTTPProcess, ServerProcess, copy_model,
+                                       free_port)
+
+__all__ = ["EXAMPLE_MODEL", "ROOT", "SERVE", "HTTPProcess", "ServerProcess", "copy_model", "free_port",
+           "start_all", "worker_pids", "descendants", "shm_held", "wait_until", "ws_url", "pending_requests",
+           "passes_and_records"]
 
 T = TypeVar("T")
 
