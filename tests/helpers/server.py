@@ -4,7 +4,10 @@ side by side, their worker processes, their /metrics, and waiting for a state by
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
+import termios
 import time
 from typing import Callable, Iterable, TypeVar
 
@@ -17,7 +20,7 @@ from local_test.server_process import (EXAMPLE_MODEL, ROOT, SERVE, HTTPProcess, 
 
 __all__ = ["EXAMPLE_MODEL", "ROOT", "SERVE", "HTTPProcess", "ServerProcess", "copy_model", "free_port",
            "start_all", "worker_pids", "descendants", "shm_held", "wait_until", "ws_url", "pending_requests",
-           "passes_and_records"]
+           "passes_and_records", "listening", "all_read", "outgoing"]
 
 T = TypeVar("T")
 
@@ -115,3 +118,40 @@ def pending_requests(server: ServerProcess) -> int:
 def passes_and_records(server: ServerProcess, model: str) -> tuple[int, int]:
     """(forward passes, records inferred) of a model so far, over every worker."""
     return server_process.passes_and_records(server.url, model)
+
+
+def _tcp_table() -> list[tuple[int, int, str, int, int]]:
+    """Every TCP socket on the host, from /proc/net/tcp{,6}: (local port, remote port,
+    state, bytes in its send queue, bytes in its receive queue not yet read)."""
+    rows = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            tx, rx = (int(n, 16) for n in fields[4].split(":"))
+            rows.append((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16), fields[3], tx, rx))
+    return rows
+
+
+def listening(port: int) -> bool:
+    """Whether a socket listens on port: after SIGTERM, no longer once the master and the
+    worker have both closed theirs (the worker has begun its drain)."""
+    return any(local == port and state == "0A" for local, _, state, _, _ in _tcp_table())
+
+
+def all_read(server: ServerProcess, client) -> bool:
+    """Whether every byte a client socket sent has left its kernel and been read by the
+    server: the server's end of that connection holds nothing unread."""
+    if outgoing(client):
+        return False
+    here = client.getsockname()[1]
+    return any(local == server.port and remote == here and rx == 0 for local, remote, _, _, rx in _tcp_table())
+
+
+def outgoing(client) -> int:
+    """Bytes a client socket's kernel still holds, unsent or unacknowledged."""
+    return struct.unpack("i", fcntl.ioctl(client.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
