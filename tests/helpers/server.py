@@ -20,7 +20,7 @@ from local_test.server_process import (EXAMPLE_MODEL, ROOT, SERVE, HTTPProcess, 
 
 __all__ = ["EXAMPLE_MODEL", "ROOT", "SERVE", "HTTPProcess", "ServerProcess", "copy_model", "free_port",
            "start_all", "worker_pids", "descendants", "shm_held", "wait_until", "ws_url", "pending_requests",
-           "passes_and_records", "listening", "all_read", "outgoing"]
+           "passes_and_records", "listening", "all_read", "outgoing", "signal_pending"]
 
 T = TypeVar("T")
 
@@ -155,3 +155,10 @@ def all_read(server: ServerProcess, client) -> bool:
 def outgoing(client) -> int:
     """Bytes a client socket's kernel still holds, unsent or unacknowledged."""
     return struct.unpack("i", fcntl.ioctl(client.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether a signal waits to be delivered to a process (a stopped one keeps it so)."""
+    with open(f"/proc/{pid}/status") as f:
+        masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask >> (signum - 1) & 1 for mask in masks)
