@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _harness import run_hey  # noqa: E402
 from local_test.server_process import ServerProcess  # noqa: E402
-from tests.helpers.servers import passes_and_records  # noqa: E402
+from tests.helpers.server import passes_and_records  # noqa: E402
 
 BLOCKS = (3, 4, 6, 3)  # ResNet-50's bottleneck blocks per stage
 WIDTHS = (64, 128, 256, 512)

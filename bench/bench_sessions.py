@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from local_test.server_process import EXAMPLE_MODEL, ServerProcess, copy_model  # noqa: E402
-from tests.helpers.servers import passes_and_records  # noqa: E402
+from tests.helpers.server import passes_and_records  # noqa: E402
 
 from _harness import Pinger, digits, pct  # noqa: E402
 

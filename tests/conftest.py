@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from local_test.server_process import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
+from tests.helpers.server import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
 from tests.helpers.models import IMAGE_TEST_SIZE
 
 

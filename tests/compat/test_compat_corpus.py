@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from local_test.server_process import ROOT
+from tests.helpers.server import ROOT
 from tests.compat.corpus import ENTRIES, materialize
 
 # The entries that differ today, and why: each is a fix under way on this server's side.

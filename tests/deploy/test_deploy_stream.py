@@ -211,7 +211,7 @@ def cli_in_process(capsys):
 
 @pytest.fixture(scope="module")
 def streaming_server(tmp_path_factory):
-    from local_test.server_process import ServerProcess
+    from tests.helpers.server import ServerProcess
 
     model_dir = model_dir_with(tmp_path_factory.mktemp("streaming-model"), STREAMING_HOOKS, "words")
     log = tmp_path_factory.mktemp("streaming-log") / "server.log"

@@ -13,9 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, wait_until
 from tests.helpers.models import ECHO_HOOKS, model_dir_with
-from tests.helpers.servers import wait_until
 from tests.integration.http_raw import Reader, connect, request_bytes
 
 INFERENCE_ID = "X-Amzn-SageMaker-Inference-Id"

@@ -10,9 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, passes_and_records, pending_requests, wait_until, worker_pids
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import passes_and_records, pending_requests, wait_until, worker_pids
 
 # Each record's one value is how many seconds its pass sleeps (on the inference thread).
 SLEEPING_HOOKS = '''

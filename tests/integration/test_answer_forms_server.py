@@ -13,8 +13,7 @@ import pytest
 import requests
 import torch
 
-from local_test.server_process import ServerProcess
-from tests.helpers.servers import start_all
+from tests.helpers.server import ServerProcess, start_all
 
 IMAGE = [[1.0, 2.0], [3.0, 0.5], [0.0, 0.0]]
 META = [[5], [6], [7]]

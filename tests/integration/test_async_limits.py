@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess
 
 pytestmark = pytest.mark.slow
 

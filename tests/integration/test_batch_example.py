@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from local_test import batch_example
-from local_test.server_process import ROOT
+from tests.helpers.server import ROOT
 
 
 def test_batch_example_writes_its_input_and_one_answer_line_per_record(tmp_path, example_model_dir, capsys):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import requests
 
-from local_test.server_process import ROOT, ServerProcess
+from tests.helpers.server import ROOT, ServerProcess
 
 MB = 1024 * 1024
 OWN_LIMIT_MB = 7  # past SageMaker's 6 MB default, so a body between the two shows which applies

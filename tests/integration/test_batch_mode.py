@@ -28,7 +28,7 @@ def csv_body(x: np.ndarray, size: int | None = None) -> bytes:
 
 @pytest.fixture(scope="module")
 def batch_server(example_model_dir, tmp_path_factory):
-    from local_test.server_process import ServerProcess
+    from tests.helpers.server import ServerProcess
 
     env = {"SAGEMAKER_BATCH": "true", "SAGEMAKER_MAX_PAYLOAD_IN_MB": "1", "SAGEMAKER_BATCH_STRATEGY": "MULTI_RECORD"}
     server = ServerProcess(example_model_dir, env, log_path=tmp_path_factory.mktemp("batch") / "server.log")

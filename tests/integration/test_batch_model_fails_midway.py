@@ -15,7 +15,7 @@ import sys
 import pytest
 import requests
 
-from local_test.server_process import ROOT, ServerProcess, copy_model
+from tests.helpers.server import ROOT, ServerProcess, copy_model
 
 FAILS_ON_NEGATIVES = '''
 import torch

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from model.train import load_split
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "build" / "model"

@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from local_test.server_process import ROOT
+from tests.helpers.server import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 

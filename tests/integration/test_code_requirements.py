@@ -16,7 +16,7 @@ import pytest
 import requests
 from PIL import Image
 
-from local_test.server_process import ROOT, ServerProcess
+from tests.helpers.server import ROOT, ServerProcess
 from tests.helpers.models import IMAGE_TEST_SIZE
 
 PIP_VARIABLES = ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_CONSTRAINT", "PIP_NO_INDEX")

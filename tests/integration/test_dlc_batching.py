@@ -17,9 +17,8 @@ import pytest
 import requests
 import torch
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, passes_and_records, start_all
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import passes_and_records, start_all
 
 JSON = "application/json"
 DLC = {"SAGEMAKER_TS_BATCH_SIZE": "8", "SAGEMAKER_TS_MAX_BATCH_DELAY": "100000"}

@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess
 
 TRACEBACK = "Traceback (most recent call last)"
 

@@ -17,9 +17,8 @@ import requests
 import torch
 from PIL import Image
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, passes_and_records, wait_until
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import passes_and_records, wait_until
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu.sh runs it)")
 

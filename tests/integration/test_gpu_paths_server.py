@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess
 from smserve.engine.worker import loaded_model as model_module
 
 NPY = "application/x-npy"

@@ -16,6 +16,7 @@ import requests
 
 from tests.integration.http_raw import Reader, connect, json_request, request_bytes
 from tests.helpers.models import slow_predict
+from tests.helpers.server import all_read, outgoing, signal_pending, wait_until, worker_pids
 
 CONNECTIONS = 32
 # Each batch takes a while, so at SIGTERM most requests are still queued, unread or
@@ -81,7 +82,7 @@ def test_sigterm_answers_requests_still_in_the_accept_backlog(make_server, examp
     verifiably wait in the listen backlog at the signal. Closing the listening socket
     first would reset every one of them."""
     server = make_server(example_model_dir, {"SMSERVE_GRACEFUL_TIMEOUT": "30"})
-    (worker,) = _worker_pids(server.proc.pid)
+    (worker,) = worker_pids(server)
     kept = _open_kept_alive(server.port, 2)
     os.kill(worker, signal.SIGSTOP)
     try:
@@ -92,9 +93,10 @@ def test_sigterm_answers_requests_still_in_the_accept_backlog(make_server, examp
             queued.append((sock, Reader(sock)))
         for i, (sock, _) in enumerate(kept):
             sock.sendall(json_request({"instances": _pixels(100 + i)}))
-        time.sleep(0.2)
+        assert wait_until(lambda: not any(outgoing(sock) for sock, _ in queued + kept))
         server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)  # the master has closed its listener and signalled the worker
+        # The master has closed its listener and signalled the worker.
+        assert wait_until(lambda: signal_pending(worker, signal.SIGTERM))
     finally:
         os.kill(worker, signal.SIGCONT)
     failures = []
@@ -184,13 +186,13 @@ def test_at_the_cap_a_request_already_sent_is_never_the_one_evicted(make_server,
     busy loop or a burst would leave them): the eviction must end a stalled client,
     not the ping whose bytes are already there."""
     server = make_server(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": str(CAP)})
-    (worker,) = _worker_pids(server.proc.pid)
+    (worker,) = worker_pids(server)
     stalled = []
     for _ in range(CAP + 2):
         sock = connect(server.port)
         sock.sendall(b"G")
         stalled.append(sock)
-    time.sleep(0.3)
+    assert wait_until(lambda: all(all_read(server, sock) for sock in stalled))  # the worker holds them all
     try:
         for _ in range(3):
             os.kill(worker, signal.SIGSTOP)
@@ -198,7 +200,7 @@ def test_at_the_cap_a_request_already_sent_is_never_the_one_evicted(make_server,
                 ping = connect(server.port)
                 ping.sendall(request_bytes("GET", "/ping", headers={"Connection": "close"}))
                 silent = connect(server.port)
-                time.sleep(0.2)
+                assert wait_until(lambda sock=ping: outgoing(sock) == 0)
             finally:
                 os.kill(worker, signal.SIGCONT)
             assert Reader(ping).response().status == 200
@@ -229,7 +231,7 @@ def test_a_flood_at_the_cap_never_cuts_or_fails_a_request_being_read(make_server
         sock = connect(server.port)
         sock.sendall(b"P")
         held.append(sock)
-    time.sleep(0.3)
+    assert wait_until(lambda: all(all_read(server, sock) for sock in held))  # the worker holds them all
     body = request_bytes("POST", "/invocations", json.dumps({"instances": _pixels(0) * 4000}).encode(),
                          {"Content-Type": "application/json", "Connection": "close"})
     senders, answers = [], []
@@ -315,9 +317,10 @@ def _ping_while(server, action) -> tuple[object, list]:
     poller = threading.Thread(target=poll)
     poller.start()
     try:
-        time.sleep(0.2)
+        assert wait_until(lambda: pings)
         result = action()
-        time.sleep(0.2)
+        answered = len(pings)
+        assert wait_until(lambda: len(pings) > answered)  # one ping after the action too
     finally:
         done.set()
         poller.join()
@@ -385,24 +388,10 @@ def test_expect_100_continue_with_a_body_over_the_limit_gets_413_not_an_invitati
     assert answer.status == 413 and "payload limit" in answer.json()["error"]
 
 
-def _worker_pids(master_pid: int) -> set[int]:
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == master_pid:
-                pids.add(int(entry))
-    return pids
-
-
 @pytest.mark.slow
 def test_kill_9_of_a_worker_leaves_the_instance_healthy(make_server, model_copy):
     server = make_server(model_copy(SLOW_PREDICT), {"SAGEMAKER_MODEL_SERVER_WORKERS": "2"})
-    workers = _worker_pids(server.proc.pid)
+    workers = worker_pids(server)
     assert len(workers) == 2
     statuses: list[int | str] = []
     pings: list[int | str] = []
@@ -431,20 +420,20 @@ def test_kill_9_of_a_worker_leaves_the_instance_healthy(make_server, model_copy)
     threads = [threading.Thread(target=load) for _ in range(4)] + [threading.Thread(target=ping)]
     for t in threads:
         t.start()
-    time.sleep(1)
+    assert wait_until(lambda: len(statuses) >= 8 and pings)  # load and pings flow
     victim = min(workers)
     before = len(statuses)
     killing = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
     # Until the replacement has loaded its model and beyond.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        current = _worker_pids(server.proc.pid)
-        if len(current) == 2 and victim not in current and server.log().count(" ready: model") >= 3:
-            break
-        time.sleep(0.2)
-    time.sleep(1)
+    def replaced():
+        current = worker_pids(server)
+        return len(current) == 2 and victim not in current and server.log().count(" ready: model") >= 3
+
+    wait_until(replaced, timeout=60, interval=0.2)
+    served = len(statuses)
+    wait_until(lambda: len(statuses) >= served + 20, timeout=10)  # and beyond, both workers serving
     stop.set()
     for t in threads:
         t.join(15)
@@ -460,4 +449,4 @@ def test_kill_9_of_a_worker_leaves_the_instance_healthy(make_server, model_copy)
     others = [status for started, ended, status in pings if not (started <= killed and ended >= killing)]
     assert others and all(status == 200 for status in others), [s for s in others if s != 200]
     assert len(in_flight) <= 1 and all(status in (200, "ConnectionError") for *_, status in in_flight), in_flight
-    assert len(_worker_pids(server.proc.pid)) == 2
+    assert len(worker_pids(server)) == 2

@@ -14,9 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, wait_until, worker_pids
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import wait_until, worker_pids
 
 HOOKS = '''
 import json

@@ -13,9 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, descendants, passes_and_records, shm_held, wait_until, worker_pids
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import descendants, passes_and_records, shm_held, wait_until, worker_pids
 
 PROCESS_HOOKS = '''
 import json

@@ -15,9 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, start_all, worker_pids
 from tests.helpers.models import hook_values_model, hook_values_module
-from tests.helpers.servers import start_all, worker_pids
 
 VALUES = hook_values_module()
 KINDS = VALUES.kinds()

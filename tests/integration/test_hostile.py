@@ -29,9 +29,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from local_test.server_process import ServerProcess, copy_model
+from tests.helpers.server import ServerProcess, copy_model, start_all, wait_until, worker_pids
 from smserve.codecs.records.csvrows import MAX_CELL_BYTES
-from tests.helpers.servers import start_all, wait_until, worker_pids
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 IHCL = "Inference-Header-Content-Length"

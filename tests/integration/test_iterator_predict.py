@@ -11,9 +11,8 @@ import pytest
 import requests
 from websockets.sync.client import connect as ws_connect
 
-from local_test.server_process import ServerProcess, copy_model
+from tests.helpers.server import ServerProcess, copy_model, start_all, ws_url
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import start_all, ws_url
 
 # The example model's predicted class per row, returned as an iterator of records (a
 # generator made elsewhere: predict_fn itself is a plain function).

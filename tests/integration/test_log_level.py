@@ -10,9 +10,8 @@ import json
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, start_all, wait_until
 from tests.helpers.models import ECHO_HOOKS, model_dir_with
-from tests.helpers.servers import start_all, wait_until
 from tests.integration.http_raw import Reader, connect, request_bytes
 
 INFERENCE_ID = "X-Amzn-SageMaker-Inference-Id"

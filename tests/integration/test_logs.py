@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess
 from tests.helpers.models import echo_hooks
 
 # An echo model whose model_fn takes 3 s: /ping answers 503 meanwhile.

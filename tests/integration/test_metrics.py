@@ -16,9 +16,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, wait_until, worker_pids, ws_url
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import wait_until, worker_pids, ws_url
 
 # {"x": rows} is answered rows * 2 (len(rows) records); {"stream": n} streams n items;
 # {"fail": true} is the model's failure (500); {"bad": true} is refused by input_fn (400).

@@ -26,8 +26,7 @@ import requests
 import torch
 
 from local_test.multi_model import DriverError, LocalMultiModel, unpack
-from local_test.server_process import ROOT, ServerProcess
-from tests.helpers.servers import start_all
+from tests.helpers.server import ROOT, ServerProcess, start_all
 
 MME = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
 SMALL_ROOM_MB = 500

@@ -21,9 +21,8 @@ import pytest
 import requests
 import torch
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, start_all, wait_until, worker_pids
 from tests.helpers.models import echo_hooks, model_dir_with
-from tests.helpers.servers import start_all, wait_until, worker_pids
 from tests.helpers.unsafe_archives import unsafe_export
 
 PIXELS = [[float(i % 17) for i in range(64)]]

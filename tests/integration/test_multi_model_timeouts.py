@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, wait_until
 from tests.helpers.models import STREAMING_HOOKS, model_dir_with
-from tests.helpers.servers import wait_until
 
 TIMEOUT_S = 5  # SAGEMAKER_MODEL_SERVER_TIMEOUT here: the DELETE's and the invocations' deadline
 WORKERS = 2

@@ -23,8 +23,7 @@ import requests
 import torch
 from PIL import Image
 
-from local_test.server_process import ROOT, ServerProcess, copy_model
-from tests.helpers.servers import passes_and_records, wait_until
+from tests.helpers.server import ROOT, ServerProcess, copy_model, passes_and_records, wait_until
 
 JPEG, PNG, JSON, CSV, NPY = "image/jpeg", "image/png", "application/json", "text/csv", "application/x-npy"
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from local_test.server_process import ROOT, ServerProcess
+from tests.helpers.server import ROOT, ServerProcess
 
 PREDICT = ROOT / "local_test" / "predict.sh"
 BIG = 2**40 + 1  # an INT64 past FP32's 24 bits of mantissa: lost if it travelled as FP32

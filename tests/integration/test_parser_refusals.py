@@ -9,9 +9,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, wait_until
 from tests.helpers.models import ECHO_HOOKS, model_dir_with
-from tests.helpers.servers import wait_until
 from tests.integration.http_raw import Reader, connect
 
 # What each refusal sends: a head the parser cannot read, a target over the request

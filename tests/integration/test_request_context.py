@@ -17,9 +17,8 @@ import pytest
 import requests
 from websockets.sync.client import connect as ws_connect
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, start_all, wait_until, ws_url
 from tests.helpers.models import echo_hooks, model_dir_with
-from tests.helpers.servers import start_all, wait_until, ws_url
 from tests.integration.ws_raw import Conn
 
 WORKERS = {"SAGEMAKER_MODEL_SERVER_WORKERS": "2"}

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from local_test.server_process import SERVE
-from tests.helpers.servers import pending_requests, wait_until
+from tests.helpers.server import SERVE, pending_requests, wait_until
 
 JSON, CSV, JSONL, NPY = "application/json", "text/csv", "application/jsonlines", "application/x-npy"
 

@@ -14,9 +14,8 @@ import requests
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, wait_until, worker_pids, ws_url
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import wait_until, worker_pids, ws_url
 
 SESSION = "X-Amzn-SageMaker-Session-Id"
 NEW_ID = "X-Amzn-SageMaker-New-Session-Id"

@@ -21,9 +21,8 @@ import requests
 import torch
 
 from local_test.runtime import LocalRuntime
-from local_test.server_process import ROOT, ServerProcess
+from tests.helpers.server import ROOT, ServerProcess, passes_and_records, pending_requests, wait_until, worker_pids
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import passes_and_records, pending_requests, wait_until, worker_pids
 
 SESSION = "X-Amzn-SageMaker-Session-Id"
 NEW_ID = "X-Amzn-SageMaker-New-Session-Id"

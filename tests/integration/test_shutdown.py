@@ -11,7 +11,7 @@ import numpy as np
 import requests
 
 from tests.helpers.models import slow_predict
-from tests.helpers.servers import pending_requests, wait_until
+from tests.helpers.server import pending_requests, wait_until
 
 SLOW_PREDICT = slow_predict(4)
 IN_FLIGHT = 6

@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from tests.helpers.models import ECHO_HOOKS, STREAMING_HOOKS, model_dir_with
-from tests.helpers.servers import ws_url
+from tests.helpers.server import ws_url
 
 WS_PATH = "/invocations-bidirectional-stream"
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess
 from tests.helpers.models import model_dir_with
 
 # input_fn logs an INFO line, or raises ImportError (a 500 logged with its traceback,

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import requests
 
-from local_test.server_process import ServerProcess
-from tests.helpers.servers import start_all
+from tests.helpers.server import ServerProcess, start_all
 from tests.helpers.toolkit_reference import Toolkit
 
 JSON, CSV, NPY = "application/json", "text/csv", "application/x-npy"

@@ -20,9 +20,8 @@ import pytest
 import requests
 import torch
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, start_all, worker_pids
 from tests.helpers.models import echo_hooks, model_dir_with
-from tests.helpers.servers import start_all, worker_pids
 
 JSON, CSV, NPY = "application/json", "text/csv", "application/x-npy"
 ROWS = 5  # records a request (the toolkit's MNIST test sends 300 of 1x28x28)

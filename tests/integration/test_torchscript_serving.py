@@ -18,9 +18,8 @@ import requests
 import torch
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 
-from local_test.server_process import ServerProcess
+from tests.helpers.server import ServerProcess, start_all
 from model import init
-from tests.helpers.servers import start_all
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 X = (np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 17) / 4  # 3 records of 64, as digits.csv

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import requests
 
-from tests.helpers.servers import wait_until
+from tests.helpers.server import wait_until
 from tests.helpers.unsafe_archives import unsafe_export
 
 

@@ -13,7 +13,7 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 
-from tests.helpers.servers import worker_pids
+from tests.helpers.server import worker_pids
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -50,7 +50,7 @@ def sample(datatype: str, shape=(2, 3), utf8: bool = False) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def echo_server(tmp_path_factory):
-    from local_test.server_process import ServerProcess
+    from tests.helpers.server import ServerProcess
 
     model_dir = tmp_path_factory.mktemp("echo")
     (model_dir / "code").mkdir()

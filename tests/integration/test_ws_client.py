@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from local_test.server_process import ROOT, ServerProcess, copy_model
+from tests.helpers.server import ROOT, ServerProcess, copy_model
 from local_test.ws_client import exit_status, fragments, session_url
 
 pytestmark = pytest.mark.slow

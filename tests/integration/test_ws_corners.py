@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from tests.helpers.models import ECHO_HOOKS, model_dir_with
-from tests.helpers.servers import wait_until
+from tests.helpers.server import wait_until
 from tests.integration.ws_raw import CLOSE, PATH, PING, Conn, frame, text
 
 SEND_TIMEOUT_S = 1

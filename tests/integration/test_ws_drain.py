@@ -6,19 +6,17 @@ in the socket; a session whose handshake is answered after the signal is drained
 
 from __future__ import annotations
 
-import fcntl
 import json
 import re
 import signal
 import socket
-import struct
-import termios
 import threading
 import time
 
 import pytest
 
 from tests.helpers.models import echo_hooks, model_dir_with
+from tests.helpers.server import all_read, listening, outgoing, pending_requests, wait_until
 from tests.integration.ws_raw import TEXT, Conn, handshake, text
 
 pytestmark = pytest.mark.slow
@@ -38,9 +36,8 @@ def stream_fn(messages, model, context):
 
 HOOKS = {"default": ECHO_HOOKS, "stream_fn": STREAM_FN_HOOKS}
 GRACEFUL_S = 20
-# The first message's model sleep: the session holds it while the sender fills every buffer.
-# Filling them took 2.1-3.4 s on the development machine (~2 MB through a 4 KiB send
-# buffer) and, one run in three, past the 5 s a 6 s sleep left: 12 s leaves 11.
+# The first message's model sleep: the session holds it while the sender fills every buffer
+# (megabytes through a 4 KiB send buffer: seconds on a loaded machine), with room to spare.
 FIRST_SLEEP_S = 12
 
 
@@ -76,7 +73,7 @@ def test_sigterm_answers_every_message_read_ahead_of_the_model(server):
     hand with the rest already read off the socket. All 100 are held."""
     conn = Conn.open(server.port)
     conn.send(message(0, sleep=2) + b"".join(message(i) for i in range(1, 100)))
-    time.sleep(0.7)
+    assert wait_until(lambda: all_read(server, conn.sock)), "the server never read the messages off the socket"
     server.proc.send_signal(signal.SIGTERM)
     ids, close = answers_until_close(conn)
     assert ids == list(range(100)), ids
@@ -125,7 +122,7 @@ def test_sigterm_answers_the_messages_waiting_in_the_socket(server):
         time.sleep(0.02)
     stop.set()
     # What the client's kernel still holds never reached the server.
-    unsent = struct.unpack("i", fcntl.ioctl(conn.sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    unsent = outgoing(conn.sock)
     reached = sum(1 for end in list(ends) if end <= accepted - unsent)
     server.proc.send_signal(signal.SIGTERM)
     assert reached > 70, reached  # the session holds 64; the rest waits in buffers
@@ -146,10 +143,10 @@ def test_a_session_whose_handshake_ends_after_sigterm_answers_what_came_with_it_
     whole = handshake()
     head_line, rest = whole.split(b"\r\n", 1)
     sock.sendall(head_line + b"\r\n")
-    time.sleep(0.3)
+    assert wait_until(lambda: all_read(server, sock)), "the worker never read the request line"
     server.proc.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
-    time.sleep(0.3)
+    assert wait_until(lambda: not listening(server.port)), "the worker never began its drain"
     sock.sendall(rest + message(1) + message(2))  # two messages behind the handshake
     conn = Conn(sock)
     assert conn.response_head().startswith(b"HTTP/1.1 101")
@@ -171,7 +168,7 @@ def test_a_handshake_waiting_on_a_kept_alive_connection_at_sigterm_is_drained(se
     post = json.dumps({"x": [0], "sleep": 1}).encode()
     sock.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n" % len(post) + post + handshake() + message(5))
-    time.sleep(0.3)
+    assert wait_until(lambda: pending_requests(server) == 1), "the POST never reached its pass"
     server.proc.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     conn = Conn(sock)

@@ -12,7 +12,7 @@ import requests
 from websockets.sync.client import connect as ws_connect
 
 from tests.helpers.models import model_dir_with
-from tests.helpers.servers import ws_url
+from tests.helpers.server import ws_url
 from tests.integration.ws_raw import CONT, TEXT, Conn, text
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,7 @@ CAFE = ["caf", "\xc3", "\xa9", " ok"]  # b"caf", b"\xc3", b"\xa9", b" ok": "caf√
 
 @pytest.fixture(scope="module")
 def pieces_server(tmp_path_factory):
-    from local_test.server_process import ServerProcess
+    from tests.helpers.server import ServerProcess
 
     work = tmp_path_factory.mktemp("pieces")
     with ServerProcess(model_dir_with(work, PIECES_HOOKS, "pieces"), log_path=work / "server.log").start() as server:

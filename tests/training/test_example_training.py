@@ -8,7 +8,7 @@ import tarfile
 
 import torch
 
-from local_test.server_process import ROOT
+from tests.helpers.server import ROOT
 
 
 def test_held_out_accuracy_is_at_least_0_95(example_model_dir, digits):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from local_test.server_process import ROOT
+from tests.helpers.server import ROOT
 
 PIN = re.compile(r"^([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)", re.MULTILINE)
 

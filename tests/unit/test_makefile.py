@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from local_test.server_process import ROOT
+from tests.helpers.server import ROOT
 
 # Variables of the user's shell that the Makefile reads; each test sets its own.
 USER_VARIABLES = ("SM_MODEL_DIR", "SAGEMAKER_BIND_TO_PORT", "MODEL_DIR", "PORT", "TORCH_VARIANT", "VENV",

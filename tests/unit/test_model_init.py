@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from local_test.server_process import ROOT
+from tests.helpers.server import ROOT
 from model import init
 from smserve.engine.hooks.script import load_hooks
 from smserve.core.metadata import ModelMetadata

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from local_test.server_process import ROOT
+from tests.helpers.server import ROOT
 from model import init
 from smserve.codecs import simple
 from smserve.core.metadata import ModelMetadata

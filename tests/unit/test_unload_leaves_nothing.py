@@ -15,7 +15,7 @@ import textwrap
 
 import torch
 
-from local_test.server_process import ROOT
+from tests.helpers.server import ROOT
 from smserve.engine.worker import loaded_model
 from smserve.engine.model import torch_caches
 

@@ -1,9 +1,13 @@
-"""Helpers around real server processes (local_test.server_process.ServerProcess):
-starting several side by side, their worker processes, waiting for a state by polling."""
+"""The test server and what tests ask of it: ServerProcess and HTTPProcess (their home is
+local_test/server_process.py, which compat_check and batch_example run too), starting several
+side by side, their worker processes, their /metrics, and waiting for a state by polling."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
+import termios
 import time
 from typing import Callable, Iterable, TypeVar
 
@@ -11,7 +15,12 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from local_test import server_process
-from local_test.server_process import ServerProcess
+from local_test.server_process import (EXAMPLE_MODEL, ROOT, SERVE, HTTPProcess, ServerProcess, copy_model,
+                                       free_port)
+
+__all__ = ["EXAMPLE_MODEL", "ROOT", "SERVE", "HTTPProcess", "ServerProcess", "copy_model", "free_port",
+           "start_all", "worker_pids", "descendants", "shm_held", "wait_until", "ws_url", "pending_requests",
+           "passes_and_records", "listening", "all_read", "outgoing", "signal_pending"]
 
 T = TypeVar("T")
 
@@ -109,3 +118,47 @@ def pending_requests(server: ServerProcess) -> int:
 def passes_and_records(server: ServerProcess, model: str) -> tuple[int, int]:
     """(forward passes, records inferred) of a model so far, over every worker."""
     return server_process.passes_and_records(server.url, model)
+
+
+def _tcp_table() -> list[tuple[int, int, str, int, int]]:
+    """Every TCP socket on the host, from /proc/net/tcp{,6}: (local port, remote port,
+    state, bytes in its send queue, bytes in its receive queue not yet read)."""
+    rows = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            tx, rx = (int(n, 16) for n in fields[4].split(":"))
+            rows.append((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16), fields[3], tx, rx))
+    return rows
+
+
+def listening(port: int) -> bool:
+    """Whether a socket listens on port: after SIGTERM, no longer once the master and the
+    worker have both closed theirs (the worker has begun its drain)."""
+    return any(local == port and state == "0A" for local, _, state, _, _ in _tcp_table())
+
+
+def all_read(server: ServerProcess, client) -> bool:
+    """Whether every byte a client socket sent has left its kernel and been read by the
+    server: the server's end of that connection holds nothing unread."""
+    if outgoing(client):
+        return False
+    here = client.getsockname()[1]
+    return any(local == server.port and remote == here and rx == 0 for local, remote, _, _, rx in _tcp_table())
+
+
+def outgoing(client) -> int:
+    """Bytes a client socket's kernel still holds, unsent or unacknowledged."""
+    return struct.unpack("i", fcntl.ioctl(client.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether a signal waits to be delivered to a process (a stopped one keeps it so)."""
+    with open(f"/proc/{pid}/status") as f:
+        masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask >> (signum - 1) & 1 for mask in masks)
