@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from tests.helpers.client import from_npy, npy
-from tests.helpers.models import ECHO_HOOKS, STREAMING_HOOKS, model_dir_with
+from tests.helpers.models import STREAMING_HOOKS, model_dir_with
 from tests.helpers.server import all_read, metric, pending_requests, wait_until, ws_url
 
 WS_PATH = "/invocations-bidirectional-stream"
@@ -214,12 +214,6 @@ def test_sessions_batch_together(make_server, example_model_dir, digits):
     assert sizes and max(sizes) > 1, "no forward pass served more than one session's message"
 
 
-@pytest.fixture(scope="module")
-def echo_server(shared_server, tmp_path_factory):
-    """The echo model, shared by the tests that only send it messages."""
-    return shared_server(model_dir_with(tmp_path_factory.mktemp("echo"), ECHO_HOOKS, "echo"))
-
-
 @pytest.mark.slow
 @pytest.mark.serial
 def test_pings_are_answered_while_a_long_inference_runs(echo_server):
@@ -293,8 +287,8 @@ def test_an_unsupported_query_option_closes_with_1008_naming_it(example_server, 
 
 
 @pytest.mark.slow
-def test_sigterm_answers_held_messages_then_closes_every_session_with_1001(make_server, tmp_path):
-    server = make_server(model_dir_with(tmp_path, ECHO_HOOKS, "echo"), {"SMSERVE_GRACEFUL_TIMEOUT": "20"})
+def test_sigterm_answers_held_messages_then_closes_every_session_with_1001(make_server, echo_model_dir):
+    server = make_server(echo_model_dir, {"SMSERVE_GRACEFUL_TIMEOUT": "20"})
     with contextlib.ExitStack() as stack:
         sessions = [stack.enter_context(ws_connect(ws_url(server))) for _ in range(4)]
         for i, ws in enumerate(sessions):
