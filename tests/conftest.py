@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.server import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
-from tests.helpers.models import IMAGE_TEST_SIZE
+from tests.helpers.models import ECHO_HOOKS, IMAGE_TEST_SIZE, model_dir_with
 
 
 @pytest.fixture(scope="session")
@@ -115,3 +115,16 @@ def model_copy(tmp_path, example_model_dir):
         return copy_model(example_model_dir, tmp_path / name, inference_py)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def echo_model_dir(tmp_path_factory) -> Path:
+    """The echo model (tests/helpers/hooks/echo.py): hooks alone, answering x * 2."""
+    return model_dir_with(tmp_path_factory.mktemp("echo"), ECHO_HOOKS, "echo")
+
+
+@pytest.fixture(scope="session")
+def echo_server(shared_server, echo_model_dir):
+    """The echo model with the default settings, shared by the tests that only send it
+    requests and messages."""
+    return shared_server(echo_model_dir)

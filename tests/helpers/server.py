@@ -19,7 +19,7 @@ from local_test.server_process import (EXAMPLE_MODEL, ROOT, SERVE, HTTPProcess, 
                                        free_port)
 
 __all__ = ["EXAMPLE_MODEL", "ROOT", "SERVE", "HTTPProcess", "ServerProcess", "copy_model", "free_port",
-           "start_all", "worker_pids", "descendants", "shm_held", "wait_until", "ws_url", "pending_requests",
+           "start_all", "worker_pids", "descendants", "shm_held", "wait_until", "ws_url", "metric", "pending_requests",
            "passes_and_records", "listening", "all_read", "outgoing", "signal_pending"]
 
 T = TypeVar("T")
@@ -107,12 +107,18 @@ def ws_url(server: ServerProcess, query: str = "", path: str = "/invocations-bid
     return server.url.replace("http://", "ws://") + path + (f"?{query}" if query else "")
 
 
+def metric(server: ServerProcess, name: str, **labels: str) -> float:
+    """A sample's value summed over every worker (its /metrics), of the samples whose labels
+    include these."""
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
 def pending_requests(server: ServerProcess) -> int:
     """Requests the server holds now, queued for or in a forward pass, over every worker
-    (its /metrics: each worker writes its count at least once a second)."""
-    text = requests.get(server.url + "/metrics", timeout=10).text
-    return int(sum(sample.value for family in text_string_to_metric_families(text)
-                   for sample in family.samples if sample.name == "smserve_pending_requests"))
+    (each worker writes its count at least once a second)."""
+    return int(metric(server, "smserve_pending_requests"))
 
 
 def passes_and_records(server: ServerProcess, model: str) -> tuple[int, int]:

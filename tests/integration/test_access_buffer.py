@@ -14,15 +14,15 @@ import pytest
 import requests
 
 from tests.helpers.server import ServerProcess, wait_until
-from tests.helpers.models import ECHO_HOOKS, model_dir_with
+from tests.helpers.models import model_dir_with
 from tests.integration.http_raw import Reader, connect, request_bytes
 
 INFERENCE_ID = "X-Amzn-SageMaker-Inference-Id"
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return model_dir_with(tmp_path_factory.mktemp("access-buffer"), ECHO_HOOKS, "echo")
+def model(echo_model_dir):
+    return echo_model_dir
 
 
 def invoke(server: ServerProcess, inference_id: str, session: requests.Session | None = None) -> None:

@@ -13,6 +13,7 @@ import pytest
 import requests
 import torch
 
+from tests.helpers.client import npy
 from tests.helpers.server import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -35,12 +36,6 @@ def peer(request, model, tmp_path_factory):
     yield process
     process.terminate()
     assert process.proc.poll() is not None
-
-
-def npy(x: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, x)
-    return buf.getvalue()
 
 
 @pytest.mark.parametrize("batch", [1, 256])

@@ -7,13 +7,12 @@ hooks found) and how a model that cannot load ends a local run."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import requests
 import torch
 
-from tests.helpers.server import ServerProcess
+from tests.helpers.server import ServerProcess, wait_until
 
 TRACEBACK = "Traceback (most recent call last)"
 
@@ -70,9 +69,7 @@ def _served_and_failed(model_dir, tmp_path, log_format: str) -> str:
     try:
         _fail_three_ways(server)
         # The access line of the last request is written after its answer has left.
-        deadline = time.monotonic() + 10
-        while log_path.read_text().count('"POST /v2/models/picky/infer" 500') == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: '"POST /v2/models/picky/infer" 500' in log_path.read_text())
     finally:
         assert server.terminate() == 0
     return log_path.read_text()

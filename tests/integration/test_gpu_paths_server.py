@@ -13,16 +13,11 @@ import pytest
 import requests
 import torch
 
+from tests.helpers.client import npy
 from tests.helpers.server import ServerProcess
 from smserve.engine.worker import loaded_model as model_module
 
 NPY = "application/x-npy"
-
-
-def npy(x: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, x)
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -9,19 +9,18 @@ engine/runtime/main_lane.py)."""
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
+from tests.helpers.client import post
 from tests.helpers.server import ServerProcess, start_all, worker_pids
 from tests.helpers.models import hook_values_model, hook_values_module
 
 VALUES = hook_values_module()
 KINDS = VALUES.kinds()
 TWO_WORKERS = {"SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
-JSON = {"Content-Type": "application/json"}
 PLAIN_ANSWER = [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]  # input_fn read the body: bare
 # What the identity model answers a value with, whoever it runs with: these are dense
 # numbers once made numpy's (bfloat16 and float8 as float32, quantized dequantized,
@@ -53,10 +52,6 @@ def servers(tmp_path_factory):
     yield {"single": single, "multi": multi, "pids": pids}
     for server in (single, multi):
         server.terminate()
-
-
-def post(url: str, body: dict, **headers) -> requests.Response:
-    return requests.post(url, data=json.dumps(body), headers={**JSON, **headers}, timeout=60)
 
 
 def answered(r: requests.Response, kind: str) -> tuple[int, str]:
@@ -99,11 +94,11 @@ def test_input_fn_values_get_the_same_answer_alone_and_beside_other_requests(ser
 def test_values_left_as_a_sessions_state_are_counted_and_closed(servers):
     url = servers["single"].url + "/invocations"
     for kind in KINDS:
-        opened = post(url, {"kind": "plain"}, **{"X-Amzn-SageMaker-Session-Id": "NEW_SESSION"})
+        opened = post(url, {"kind": "plain"}, {"X-Amzn-SageMaker-Session-Id": "NEW_SESSION"})
         assert opened.status_code == 200, opened.text
         session = opened.headers["X-Amzn-SageMaker-New-Session-Id"].split(";")[0]
-        answered(post(url, {"kind": kind}, **{"X-Amzn-SageMaker-Session-Id": session}), kind)
-        closed = post(url, {"kind": "plain"}, **{"X-Amzn-SageMaker-Session-Id": session,
+        answered(post(url, {"kind": kind}, {"X-Amzn-SageMaker-Session-Id": session}), kind)
+        closed = post(url, {"kind": "plain"}, {"X-Amzn-SageMaker-Session-Id": session,
                                                  "X-Amzn-SageMaker-Custom-Attributes": "session=close"})
         assert closed.status_code == 200 and closed.headers["X-Amzn-SageMaker-Closed-Session-Id"] == session, kind
     still_the_same_workers(servers, "single")
@@ -115,6 +110,6 @@ def test_predict_fn_and_output_fn_values_on_a_multi_model_endpoint(servers):
         answered(post(f"{base}/values/invoke", {"kind": kind}), kind)
         answered(post(f"{base}/predicted/invoke", {"at": "predict", "code": code}), kind)
         status, _ = answered(post(f"{base}/predicted/invoke", {"at": "predict", "code": KINDS.index("dtype:float32")},
-                                  Accept=f"application/x-hook-value-{code}"), kind)
+                                  accept=f"application/x-hook-value-{code}"), kind)
         assert status in (200, 500), kind  # output_fn's own value: bytes, or its named failure
     still_the_same_workers(servers, "multi")

@@ -11,15 +11,14 @@ import pytest
 import requests
 
 from tests.helpers.server import ServerProcess, start_all, wait_until
-from tests.helpers.models import ECHO_HOOKS, model_dir_with
 from tests.integration.http_raw import Reader, connect, request_bytes
 
 INFERENCE_ID = "X-Amzn-SageMaker-Inference-Id"
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    model = model_dir_with(tmp_path_factory.mktemp("log-level"), ECHO_HOOKS, "echo")
+def servers(tmp_path_factory, echo_model_dir):
+    model = echo_model_dir
     logs = tmp_path_factory.mktemp("log-level-logs")
     envs = {
         "warning": {"SAGEMAKER_CONTAINER_LOG_LEVEL": "30", "SMSERVE_METRICS": "false"},

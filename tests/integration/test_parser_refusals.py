@@ -10,7 +10,6 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.server import ServerProcess, wait_until
-from tests.helpers.models import ECHO_HOOKS, model_dir_with
 from tests.integration.http_raw import Reader, connect
 
 # What each refusal sends: a head the parser cannot read, a target over the request
@@ -24,8 +23,8 @@ REFUSED = {
 
 
 @pytest.fixture(params=["text", "json"])
-def server(request, tmp_path):
-    model = model_dir_with(tmp_path, ECHO_HOOKS, "echo")
+def server(request, tmp_path, echo_model_dir):
+    model = echo_model_dir
     env = {"SAGEMAKER_MODEL_SERVER_WORKERS": "1", "SMSERVE_HEADER_TIMEOUT": "1", "SMSERVE_LOG_FORMAT": request.param}
     server = ServerProcess(model, env, log_path=tmp_path / "log").start()
     yield server

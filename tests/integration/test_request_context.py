@@ -17,6 +17,7 @@ import pytest
 import requests
 from websockets.sync.client import connect as ws_connect
 
+from tests.helpers.client import post
 from tests.helpers.server import ServerProcess, start_all, wait_until, ws_url
 from tests.helpers.models import echo_hooks, model_dir_with
 from tests.integration.ws_raw import Conn
@@ -146,12 +147,6 @@ def servers(tmp_path_factory, example_model_dir):
     yield {"single": single, "mme": mme, "sessions": sessions, "sessions_dir": sessions_model}
     for server in (single, mme, sessions):
         server.terminate()
-
-
-def post(url: str, body: dict, headers: dict | None = None) -> requests.Response:
-    with requests.Session() as s:  # a new connection each time: both workers take turns
-        return s.post(url, data=json.dumps(body), headers={"Content-Type": "application/json", **(headers or {})},
-                      timeout=60)
 
 
 def test_every_hook_sees_the_requests_headers_and_sets_its_custom_attributes(servers):

@@ -282,15 +282,15 @@ def test_a_model_that_fails_to_load_makes_ping_500(make_server, tmp_path):
     model_dir.mkdir()
     (model_dir / "model.pt2").write_bytes(b"not a model")
     server = make_server(model_dir, wait=False)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def settled():
         try:
             response = requests.get(server.url + "/ping", timeout=2)
-            if response.status_code != 503:
-                break
         except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
+            return None
+        return response if response.status_code != 503 else None
+
+    response = wait_until(settled, timeout=60, interval=0.2)
+    assert response is not None, "/ping still says loading"
     assert_error(response, 500, "failed to load")
     assert "model failed to load" in server.log()
 

@@ -21,7 +21,8 @@ import requests
 import torch
 
 from local_test.runtime import LocalRuntime
-from tests.helpers.server import ROOT, ServerProcess, passes_and_records, pending_requests, wait_until, worker_pids
+from tests.helpers.server import (ROOT, ServerProcess, metric, passes_and_records, pending_requests, wait_until,
+                                  worker_pids)
 from tests.helpers.models import model_dir_with
 
 SESSION = "X-Amzn-SageMaker-Session-Id"
@@ -219,7 +220,7 @@ def test_sixteen_sessions_on_two_workers_never_see_each_others_state(server):
     sessions = 16
     per_session = 10_000 // sessions
     ids = sessions_on_both_workers(server.url, sessions, "token")
-    handoffs_before = _metric(server, "smserve_session_handoffs_total")
+    handoffs_before = metric(server, "smserve_session_handoffs_total")
     passes_before, records_before = passes_and_records(server, "counter")
 
     def drive(i):
@@ -243,7 +244,7 @@ def test_sixteen_sessions_on_two_workers_never_see_each_others_state(server):
 
     with ThreadPoolExecutor(sessions) as pool:
         assert sum(pool.map(drive, ids)) == sessions * per_session
-    assert _metric(server, "smserve_session_handoffs_total") > handoffs_before
+    assert metric(server, "smserve_session_handoffs_total") > handoffs_before
     # Requests of different sessions shared forward passes (the workers write their
     # counts once a second).
     counted = wait_until(lambda: (lambda now: now if now[1] - records_before >= sessions * (per_session - 1) else None)(
@@ -327,21 +328,13 @@ def test_a_model_without_session_hooks_says_it_keeps_none(example_server):
     assert v2.status_code == 400 and "/invocations" in v2.json()["error"]
 
 
-def _metric(server, name: str, **labels) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = requests.get(server.url + "/metrics", timeout=10).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
-
-
 def test_metrics_and_the_access_line_tell_the_sessions(server):
-    opened = _metric(server, "smserve_sessions_total", how="opened")
+    opened = metric(server, "smserve_sessions_total", how="opened")
     sid = open_session(server.url, "counted")
     invoke(server.url, sid, 1)
     # (>=: the other worker's earlier opens may reach its file only now: each writes once a second)
-    assert wait_until(lambda: _metric(server, "smserve_sessions_total", how="opened") >= opened + 1)
-    assert _metric(server, "smserve_sessions_open") >= 1 and _metric(server, "smserve_session_state_bytes") > 0
+    assert wait_until(lambda: metric(server, "smserve_sessions_total", how="opened") >= opened + 1)
+    assert metric(server, "smserve_sessions_open") >= 1 and metric(server, "smserve_session_state_bytes") > 0
     assert wait_until(lambda: f"session={sid}" in server.log())
 
 
@@ -434,7 +427,7 @@ def test_a_killed_workers_sessions_are_refused_never_served_without_their_state(
 
         with ThreadPoolExecutor(2) as pool:
             runs = [pool.submit(load, doomed, 2), pool.submit(load, survivor, 2)]
-            time.sleep(0.5)
+            assert wait_until(lambda: {sid for sid, _, _ in answers} == {doomed, survivor})  # both sessions flow
             os.kill(victim, signal.SIGKILL)
             for run in runs:
                 run.result()

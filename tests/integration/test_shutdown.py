@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import socket
 import threading
-import time
 
 import numpy as np
 import requests
@@ -46,17 +45,15 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(make_server, model_c
     server.proc.send_signal(signal.SIGTERM)
 
     # gevent workers notice the signal within a second of their loop's tick.
-    refused_while_draining = False
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
+    def refused() -> bool:
         try:
             with socket.create_connection(("127.0.0.1", server.port), timeout=1):
-                pass
+                return False
         except OSError:
-            refused_while_draining = len(responses) < IN_FLIGHT
-            break
-        time.sleep(0.1)
-    assert refused_while_draining, "new connections were still accepted while requests were draining"
+            return True
+
+    assert wait_until(refused, timeout=2.5, interval=0.1), "new connections were still accepted while requests were draining"
+    assert len(responses) < IN_FLIGHT, "refused only once the requests were answered"
 
     for client in clients:
         client.join(30)

@@ -5,7 +5,6 @@ sessions at /invocations-bidirectional-stream."""
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import re
 import signal
@@ -19,20 +18,11 @@ import requests
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from tests.helpers.models import ECHO_HOOKS, STREAMING_HOOKS, model_dir_with
-from tests.helpers.server import ws_url
+from tests.helpers.client import from_npy, npy
+from tests.helpers.models import STREAMING_HOOKS, model_dir_with
+from tests.helpers.server import all_read, metric, pending_requests, wait_until, ws_url
 
 WS_PATH = "/invocations-bidirectional-stream"
-
-def npy(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return buf.getvalue()
-
-
-def from_npy(data: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=False)
-
 
 def closed_with(ws, timeout: float = 10) -> tuple[int, str]:
     """Reads until the server closes; its code and reason."""
@@ -104,10 +94,7 @@ def test_a_client_that_leaves_mid_stream_closes_the_generator(streaming_server):
                        headers={"Accept": "application/jsonlines"}, stream=True, timeout=30) as r:
         next(r.iter_lines())
     mark = streaming_server.marks / "closed-left"
-    deadline = time.monotonic() + 15
-    while not mark.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert mark.exists(), "the model's generator ran on after its client left"
+    assert wait_until(mark.exists, timeout=15), "the model's generator ran on after its client left"
     # Far fewer than 1000 records were made: 1000 x 0.05 s would take 50 s.
     assert "stream closed before its end" in streaming_server.log()
 
@@ -227,19 +214,13 @@ def test_sessions_batch_together(make_server, example_model_dir, digits):
     assert sizes and max(sizes) > 1, "no forward pass served more than one session's message"
 
 
-@pytest.fixture(scope="module")
-def echo_server(shared_server, tmp_path_factory):
-    """The echo model, shared by the tests that only send it messages."""
-    return shared_server(model_dir_with(tmp_path_factory.mktemp("echo"), ECHO_HOOKS, "echo"))
-
-
 @pytest.mark.slow
 @pytest.mark.serial
 def test_pings_are_answered_while_a_long_inference_runs(echo_server):
     server = echo_server
     with ws_connect(ws_url(server)) as ws:
         ws.send(json.dumps({"x": [1.0], "sleep": 3}))
-        time.sleep(0.3)
+        assert wait_until(lambda: pending_requests(server) >= 1)  # in its pass
         started = time.monotonic()
         assert ws.ping().wait(5), "no pong while the model was busy"
         pong_s = time.monotonic() - started
@@ -306,14 +287,14 @@ def test_an_unsupported_query_option_closes_with_1008_naming_it(example_server, 
 
 
 @pytest.mark.slow
-def test_sigterm_answers_held_messages_then_closes_every_session_with_1001(make_server, tmp_path):
-    server = make_server(model_dir_with(tmp_path, ECHO_HOOKS, "echo"), {"SMSERVE_GRACEFUL_TIMEOUT": "20"})
+def test_sigterm_answers_held_messages_then_closes_every_session_with_1001(make_server, echo_model_dir):
+    server = make_server(echo_model_dir, {"SMSERVE_GRACEFUL_TIMEOUT": "20"})
     with contextlib.ExitStack() as stack:
         sessions = [stack.enter_context(ws_connect(ws_url(server))) for _ in range(4)]
         for i, ws in enumerate(sessions):
             ws.send(json.dumps({"x": [float(i)], "sleep": 1}))
         idle = stack.enter_context(ws_connect(ws_url(server)))  # a session with nothing in flight
-        time.sleep(0.2)
+        assert wait_until(lambda: all(all_read(server, ws.socket) for ws in sessions))
         server.proc.send_signal(signal.SIGTERM)
         for i, ws in enumerate(sessions):
             answer = ws.recv(timeout=30)
@@ -413,7 +394,7 @@ def test_a_client_that_vanishes_mid_answer_frees_its_session(make_server, textge
             ws.send("The")
             next(iter(ws.recv_streaming()))
             ws.socket.shutdown(socket.SHUT_RDWR)  # no Close frame: gone
-        time.sleep(0.5)
+        assert wait_until(lambda: metric(server, "smserve_websocket_sessions_open") == 0)
     with ws_connect(ws_url(server)) as ws:
         assert len("".join(generate(ws, json.dumps({"prompt": "x", "max_tokens": 3})))) == 3
     assert requests.get(server.url + "/ping", timeout=5).status_code == 200

@@ -20,6 +20,7 @@ import pytest
 import requests
 import torch
 
+from tests.helpers.client import invoke, npy
 from tests.helpers.server import ServerProcess, start_all, worker_pids
 from tests.helpers.models import echo_hooks, model_dir_with
 
@@ -189,23 +190,12 @@ def batch(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((ROWS, 1, 28, 28)).astype(np.float32)
 
 
-def post(url: str, body: bytes, content_type: str, accept: str | None = None, **headers) -> requests.Response:
-    headers = {"Content-Type": content_type, **({"Accept": accept} if accept else {}), **headers}
-    return requests.post(url + "/invocations", data=body, headers=headers, timeout=60)
-
-
-def npy(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    np.save(out, array)
-    return out.getvalue()
-
-
 # ---------------------------------------------------------------- item 1: the script SageMaker names
 
 
 def test_the_script_sagemaker_program_names_serves_and_the_log_says_which_hooks_it_gave(servers):
     server = servers["context"]
-    r = post(server.url, json.dumps(batch().tolist()).encode(), JSON, JSON)
+    r = invoke(server, json.dumps(batch().tolist()).encode(), JSON, JSON)
     assert r.status_code == 200, r.text
     assert r.json()["shape"] == [ROWS, 10]
     log = server.log()
@@ -242,7 +232,7 @@ def test_model_fn_runs_once_per_worker_and_bytes_pass_through(servers):
 
 def test_every_hook_gets_the_context_by_arity_with_the_toolkits_system_properties(servers):
     server = servers["context"]
-    r = post(server.url, npy(batch()), NPY, JSON, **{"X-Amzn-SageMaker-Custom-Attributes": "k=v"})
+    r = invoke(server, npy(batch()), NPY, JSON, headers={"X-Amzn-SageMaker-Custom-Attributes": "k=v"})
     assert r.status_code == 200, r.text
     answer = r.json()
     model_dir = str(Path(server.env["SM_MODEL_DIR"]))
@@ -254,19 +244,19 @@ def test_every_hook_gets_the_context_by_arity_with_the_toolkits_system_propertie
 
 def test_transform_fn_answers_each_request_with_its_content_type_and_accept(servers):
     server = servers["transform"]
-    r = post(server.url, b"[1, 2, 3]", JSON, "text/csv")
+    r = invoke(server, b"[1, 2, 3]", JSON, "text/csv")
     assert r.status_code == 200, r.text
     assert r.headers["Content-Type"] == JSON
     assert r.json() == {"y": [2, 4, 6], "content_type": JSON, "accept": "text/csv",
                         "model_dir": server.env["SM_MODEL_DIR"]}
     # No Accept (or */*): the default one, as the toolkit hands it.
-    assert post(server.url, b"[1]", JSON, "*/*").json()["accept"] == JSON
+    assert invoke(server, b"[1]", JSON, "*/*").json()["accept"] == JSON
     assert "batching: off: transform_fn" in server.log()
 
 
 def test_a_transform_fn_without_context_answers_in_the_accepted_type(servers):
     server = servers["plain_transform"]
-    r = post(server.url, b"abcd", "application/octet-stream", "text/plain")
+    r = invoke(server, b"abcd", "application/octet-stream", "text/plain")
     assert r.status_code == 200, r.text
     assert r.headers["Content-Type"].startswith("text/plain")
     assert r.text == "transformed 4 bytes for text/plain"
@@ -280,18 +270,18 @@ def test_a_lone_torchscript_pth_serves_without_a_script_and_json_answers_in_the_
     data = batch()
     torch.manual_seed(0)  # the traced file's weights
     expected = Mnist().eval()(torch.from_numpy(data)).detach().numpy()
-    bare = post(server.url, json.dumps(data.tolist()).encode(), JSON, JSON)
+    bare = invoke(server, json.dumps(data.tolist()).encode(), JSON, JSON)
     assert bare.status_code == 200, bare.text
     assert np.asarray(bare.json()).shape == (ROWS, 10)  # what the SDK's JSONDeserializer users read
     np.testing.assert_allclose(np.asarray(bare.json()), expected, rtol=1e-4, atol=1e-5)
-    wrapped = post(server.url, json.dumps({"instances": data.tolist()}).encode(), JSON, JSON)
+    wrapped = invoke(server, json.dumps({"instances": data.tolist()}).encode(), JSON, JSON)
     assert wrapped.json() == {"predictions": bare.json()}
     # .npy and CSV in, JSON out: bare, as the toolkit's test_serve_npy and test_serve_csv read it.
-    assert np.asarray(post(server.url, npy(data), NPY, JSON).json()).shape == (ROWS, 10)
+    assert np.asarray(invoke(server, npy(data), NPY, JSON).json()).shape == (ROWS, 10)
     rows = "\n".join(",".join(str(v) for v in row) for row in data.reshape(ROWS, -1).tolist())
-    flat = post(server.url, rows.encode(), CSV, JSON)
+    flat = invoke(server, rows.encode(), CSV, JSON)
     assert flat.status_code == 200 and np.asarray(flat.json()).shape == (ROWS, 10), flat.text
-    assert np.load(io.BytesIO(post(server.url, npy(data), NPY, NPY).content)).shape == (ROWS, 10)
+    assert np.load(io.BytesIO(invoke(server, npy(data), NPY, NPY).content)).shape == (ROWS, 10)
     assert "model.pth" in server.log()
 
 
@@ -310,12 +300,12 @@ def test_past_the_response_timeout_the_client_gets_a_504_and_the_worker_goes_on(
     server = servers["deadline"]
     workers = worker_pids(server)
     started = time.monotonic()
-    late = post(server.url, json.dumps({"x": [1], "sleep": 2.5}).encode(), JSON)
+    late = invoke(server, json.dumps({"x": [1], "sleep": 2.5}).encode(), JSON)
     waited = time.monotonic() - started
     assert late.status_code == 504, late.text
     assert "did not answer within 1 s" in late.json()["error"] and waited < 2.0, waited
     time.sleep(2)  # the late pass ends on the inference thread meanwhile
-    r = post(server.url, json.dumps({"x": [1, 2]}).encode(), JSON)
+    r = invoke(server, json.dumps({"x": [1, 2]}).encode(), JSON)
     assert r.status_code == 200 and r.json() == [2.0, 4.0], r.text
     assert requests.get(server.url + "/ping", timeout=5).status_code == 200
     assert worker_pids(server) == workers

@@ -18,6 +18,7 @@ import requests
 import torch
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 
+from tests.helpers.client import npy
 from tests.helpers.server import ServerProcess, start_all
 from model import init
 
@@ -60,12 +61,6 @@ def servers(tmp_path_factory):
 @pytest.fixture(params=KINDS)
 def served(request, servers):
     return servers[request.param]
-
-
-def npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
 
 
 def test_csv_records_get_one_answer_line_each(served):

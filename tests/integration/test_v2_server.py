@@ -49,7 +49,7 @@ def sample(datatype: str, shape=(2, 3), utf8: bool = False) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def echo_server(tmp_path_factory):
+def typed_echo_server(tmp_path_factory):
     from tests.helpers.server import ServerProcess
 
     model_dir = tmp_path_factory.mktemp("echo")
@@ -95,10 +95,10 @@ ENCODINGS = [(d, i, o) for d in DATATYPES for i in (True, False) for o in (True,
 
 
 @pytest.mark.parametrize("datatype, binary_in, binary_out", ENCODINGS)
-def test_every_datatype_round_trips_through_invocations(echo_server, datatype, binary_in, binary_out):
+def test_every_datatype_round_trips_through_invocations(typed_echo_server, datatype, binary_in, binary_out):
     array = sample(datatype, utf8=not (binary_in and binary_out))
     requested = [InferRequestedOutput(f"OUT_{datatype}", binary_data=binary_out)]
-    result, header_length = invoke_sagemaker(echo_server.url, echo_inputs(datatype, binary_in and binary_out), requested)
+    result, header_length = invoke_sagemaker(typed_echo_server.url, echo_inputs(datatype, binary_in and binary_out), requested)
     assert (header_length is not None) == binary_out
     returned = result.as_numpy(f"OUT_{datatype}")
     if datatype == "BYTES":
@@ -108,20 +108,20 @@ def test_every_datatype_round_trips_through_invocations(echo_server, datatype, b
     np.testing.assert_array_equal(returned, array)
 
 
-def test_non_utf8_bytes_as_json_is_400(echo_server):
+def test_non_utf8_bytes_as_json_is_400(typed_echo_server):
     inputs = echo_inputs("BYTES", True)
     inputs[-1] = InferInput("IN_BYTES", [1, 1], "BYTES")
     inputs[-1].set_data_from_numpy(np.array([[b"\xff\xfe"]], dtype=object), binary_data=True)
     body, json_size = InferenceServerClient.generate_request_body(
         inputs, outputs=[InferRequestedOutput("OUT_BYTES", binary_data=False)])
-    response = requests.post(echo_server.url + "/invocations", data=body,
+    response = requests.post(typed_echo_server.url + "/invocations", data=body,
                              headers={"Content-Type": f"{SAGEMAKER_CT}{json_size}"})
     assert response.status_code == 400
     assert "OUT_BYTES" in response.json()["error"]
 
 
-def test_tritonclient_infer_against_v2_unmodified(echo_server):
-    client = InferenceServerClient(echo_server.url.removeprefix("http://"))
+def test_tritonclient_infer_against_v2_unmodified(typed_echo_server):
+    client = InferenceServerClient(typed_echo_server.url.removeprefix("http://"))
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("echo")
     metadata = client.get_model_metadata("echo")
     assert {i["name"] for i in metadata["inputs"]} == {f"IN_{d}" for d in DATATYPES}
@@ -131,11 +131,11 @@ def test_tritonclient_infer_against_v2_unmodified(echo_server):
         np.testing.assert_array_equal(result.as_numpy(f"OUT_{datatype}"), sample(datatype, utf8=datatype != "FP32"))
 
 
-def test_unknown_model_is_404(echo_server):
-    response = requests.get(echo_server.url + "/v2/models/nope")
+def test_unknown_model_is_404(typed_echo_server):
+    response = requests.get(typed_echo_server.url + "/v2/models/nope")
     assert response.status_code == 404
     assert response.json() == {"error": "Request for unknown model: 'nope' is not found"}
-    response = requests.post(echo_server.url + "/v2/models/nope/infer", json={"inputs": []})
+    response = requests.post(typed_echo_server.url + "/v2/models/nope/infer", json={"inputs": []})
     assert response.status_code == 404
 
 
@@ -162,11 +162,11 @@ def test_every_infer_path_answers_as_the_model_route(example_server):
         assert "error" in response.json(), path
 
 
-def test_server_metadata_and_health(echo_server):
-    meta = requests.get(echo_server.url + "/v2").json()
+def test_server_metadata_and_health(typed_echo_server):
+    meta = requests.get(typed_echo_server.url + "/v2").json()
     assert "binary_tensor_data" in meta["extensions"] and meta["name"]
     for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/echo/ready", "/v2/models/echo/versions/1/ready"):
-        response = requests.get(echo_server.url + path)
+        response = requests.get(typed_echo_server.url + path)
         assert response.status_code == 200 and response.content == b"", path
 
 
@@ -327,10 +327,10 @@ def test_chunked_binary_request_without_content_length(example_server, digits):
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
-def test_tritonclient_request_compression(echo_server, algorithm):
+def test_tritonclient_request_compression(typed_echo_server, algorithm):
     """tritonclient compresses the body when asked and says so in Content-Encoding, as
     Triton's HTTP front end takes it; the answer is the uncompressed request's."""
-    client = InferenceServerClient(echo_server.url.removeprefix("http://"))
+    client = InferenceServerClient(typed_echo_server.url.removeprefix("http://"))
     result = client.infer("echo", echo_inputs("FP32", True), request_compression_algorithm=algorithm)
     for datatype in DATATYPES:
         np.testing.assert_array_equal(result.as_numpy(f"OUT_{datatype}"), sample(datatype))

@@ -13,7 +13,6 @@ import threading
 
 import pytest
 
-from tests.helpers.models import ECHO_HOOKS, model_dir_with
 from tests.helpers.server import wait_until
 from tests.integration.ws_raw import CLOSE, PATH, PING, Conn, frame, text
 
@@ -21,11 +20,10 @@ SEND_TIMEOUT_S = 1
 
 
 @pytest.fixture(scope="module")
-def echo_server(shared_server, tmp_path_factory):
+def echo_server(shared_server, echo_model_dir):
     """The echo model, whose answers are as big as the messages asked; a short send
     deadline, so that a client that stops reading is cut off soon."""
-    return shared_server(model_dir_with(tmp_path_factory.mktemp("echo"), ECHO_HOOKS, "echo"),
-                         {"SMSERVE_SEND_TIMEOUT": str(SEND_TIMEOUT_S)})
+    return shared_server(echo_model_dir, {"SMSERVE_SEND_TIMEOUT": str(SEND_TIMEOUT_S)})
 
 
 def key() -> str:

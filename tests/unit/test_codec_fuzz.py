@@ -22,6 +22,8 @@ from smserve.codecs import contentcoding, npy, npz, simple, v2
 from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.errors import BadRequest, HTTPError
 
+from tests.helpers.client import npy as npy_body
+
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ONE = ModelMetadata(name="one", max_batch_size=8, inputs=(TensorSpec("pixels", "FP32", (4,)),),
                     outputs=(TensorSpec("p", "FP32", (2,)),))
@@ -60,20 +62,14 @@ def mutated(*seeds: bytes) -> st.SearchStrategy[bytes]:
                      st.binary(max_size=300))
 
 
-def _npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
 def _npz(save, **arrays) -> bytes:
     buffer = io.BytesIO()
     save(buffer, **arrays)
     return buffer.getvalue()
 
 
-NPY_SEEDS = [_npy(np.zeros((2, 4), np.float32)), _npy(np.arange(6, dtype=np.int64).reshape(3, 2)),
-             _npy(np.ones(3, np.uint8)), _npy(np.zeros((2, 4), np.float32).T)]  # (the last Fortran order)
+NPY_SEEDS = [npy_body(np.zeros((2, 4), np.float32)), npy_body(np.arange(6, dtype=np.int64).reshape(3, 2)),
+             npy_body(np.ones(3, np.uint8)), npy_body(np.zeros((2, 4), np.float32).T)]  # (the last Fortran order)
 NPZ_SEEDS = [_npz(np.savez, pixels=np.zeros((2, 4), np.float32)),
              _npz(np.savez_compressed, a=np.zeros((2, 2), np.float32), b=np.ones((2, 1), np.int64))]
 

@@ -3,10 +3,8 @@ their types, and the reference's reading of TorchServe's answer frame."""
 
 from __future__ import annotations
 
-import io
 import json
 
-import numpy as np
 import pytest
 from ts.context import Context, RequestProcessor
 from ts.protocol.otf_message_handler import create_predict_response
@@ -14,13 +12,9 @@ from ts.protocol.otf_message_handler import create_predict_response
 from local_test.compat_check import ATOL, RTOL, Answer, first_difference, load_requests
 from local_test.compat_check_reference import decode_predict_response
 
+from tests.helpers.client import npy
+
 TOL = {"rtol": RTOL, "atol": ATOL}
-
-
-def npy(array) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.asarray(array))
-    return buffer.getvalue()
 
 
 @pytest.mark.parametrize("ref, ours, difference", [

@@ -16,6 +16,8 @@ from smserve.codecs.records import jsondoc
 from smserve.errors import BadRequest, NotAcceptable
 from smserve.core.metadata import ModelMetadata, TensorSpec
 
+from tests.helpers.client import npy
+
 DIGITS = ModelMetadata(name="d", max_batch_size=8, inputs=(TensorSpec("pixels", "FP32", (4,)),),
                        outputs=(TensorSpec("p", "FP32", (2,)),))
 IMAGES = ModelMetadata(name="i", max_batch_size=8, inputs=(TensorSpec("image", "UINT8", (2, 2)),))
@@ -55,25 +57,19 @@ WIDE = ModelMetadata(name="w", max_batch_size=8, inputs=(TensorSpec("id", "INT64
 UNSIGNED = ModelMetadata(name="u", max_batch_size=8, inputs=(TensorSpec("id", "UINT64", (1,)),))
 
 
-def _npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
 @pytest.mark.parametrize("body, content_type, metadata, words", [
     # Wrapped by the cast before: 300 -> 44, -1 -> 255, 1e10 -> 0, 2 -> True.
     (b"1,2,3,300\n", "text/csv", IMAGES, "input 'image': a value is out of range for UINT8"),
     (b"[[-1, 2, 3, 4]]", "application/json", IMAGES, "out of range for UINT8"),
     (b"[[1e10, 2, 3, 4]]", "application/json", IMAGES, "out of range for UINT8"),
     (b"[1,2,3,4]\n[1,2,3,256]\n", "application/jsonlines", IMAGES, "out of range for UINT8"),
-    (_npy(np.array([[1, 2, 3, 256]], dtype=np.int64)), "application/x-npy", IMAGES, "out of range for UINT8"),
-    (_npy(np.array([[1, 2, 3, -1]], dtype=np.int8)), "application/x-npy", IMAGES, "out of range for UINT8"),
+    (npy(np.array([[1, 2, 3, 256]], dtype=np.int64)), "application/x-npy", IMAGES, "out of range for UINT8"),
+    (npy(np.array([[1, 2, 3, -1]], dtype=np.int8)), "application/x-npy", IMAGES, "out of range for UINT8"),
     (b"[[0, 2]]", "application/json", FLAGS, "input 'on': a value is out of range for BOOL (0 or 1)"),
     (b"1,-1\n", "text/csv", FLAGS, "out of range for BOOL"),
     (b"[[9.3e18]]", "application/json", WIDE, "out of range for INT64"),  # past 2**63 - 1
-    (_npy(np.array([[2**63]], dtype=np.uint64)), "application/x-npy", WIDE, "out of range for INT64"),
-    (_npy(np.array([[-1]], dtype=np.int64)), "application/x-npy", UNSIGNED, "out of range for UINT64"),
+    (npy(np.array([[2**63]], dtype=np.uint64)), "application/x-npy", WIDE, "out of range for INT64"),
+    (npy(np.array([[-1]], dtype=np.int64)), "application/x-npy", UNSIGNED, "out of range for UINT64"),
     (b"[[1.9e19]]", "application/json", UNSIGNED, "out of range for UINT64"),  # past 2**64 - 1
 ])
 def test_integers_an_input_cannot_hold_are_400_not_wrapped(body, content_type, metadata, words):
@@ -85,10 +81,10 @@ def test_integers_an_input_cannot_hold_are_400_not_wrapped(body, content_type, m
 @pytest.mark.parametrize("body, content_type, metadata, expected", [
     (b"0,255,0,255\n", "text/csv", IMAGES, [[[0, 255], [0, 255]]]),
     (b"[[1, 0]]", "application/json", FLAGS, [[True, False]]),
-    (_npy(np.array([[True, False]])), "application/x-npy", FLAGS, [[True, False]]),
-    (_npy(np.array([[2**63 - 1]], dtype=np.int64)), "application/x-npy", WIDE, [[2**63 - 1]]),
-    (_npy(np.array([[2**64 - 1]], dtype=np.uint64)), "application/x-npy", UNSIGNED, [[2**64 - 1]]),
-    (_npy(np.array([[-(2**63)]], dtype=np.int64)), "application/x-npy", WIDE, [[-(2**63)]]),
+    (npy(np.array([[True, False]])), "application/x-npy", FLAGS, [[True, False]]),
+    (npy(np.array([[2**63 - 1]], dtype=np.int64)), "application/x-npy", WIDE, [[2**63 - 1]]),
+    (npy(np.array([[2**64 - 1]], dtype=np.uint64)), "application/x-npy", UNSIGNED, [[2**64 - 1]]),
+    (npy(np.array([[-(2**63)]], dtype=np.int64)), "application/x-npy", WIDE, [[-(2**63)]]),
 ])
 def test_integers_at_the_edges_of_their_type_are_taken(body, content_type, metadata, expected):
     out = next(iter(simple.decode(body, content_type, metadata).values()))
@@ -344,9 +340,9 @@ def _rows_with(record: int, bad: bytes, rows: int = 50_000, csv: bool = True) ->
      "input 'pixels': a value is out of range for FP32 in record 3: 1e+39"),
     (b"[[0, 1], [1, 2]]", "application/json", FLAGS, "input 'on': a value is out of range for BOOL (0 or 1) in record 2: 2"),
     (b"[[1], [2], [9.3e18]]", "application/json", WIDE, "input 'id': a value is out of range for INT64 in record 3: 9.3e+18"),
-    (_npy(np.array([[3], [-1]], dtype=np.int64)), "application/x-npy", UNSIGNED,
+    (npy(np.array([[3], [-1]], dtype=np.int64)), "application/x-npy", UNSIGNED,
      "input 'id': a value is out of range for UINT64 in record 2: -1"),
-    (_npy(np.array([[1, 2, 3, 4], [1, 2, 3, np.nan]])), "application/x-npy", IDS,
+    (npy(np.array([[1, 2, 3, 4], [1, 2, 3, np.nan]])), "application/x-npy", IDS,
      "input 'ids' takes INT64 values; got a non-finite number in record 2: nan"),
     # The first record at fault, whichever its fault: record 2's 300 before record 3's 2.5.
     (b"[1,2,3,4]\n[1,2,3,300]\n[1,2,2.5,4]\n", "application/jsonlines", IMAGES,
@@ -742,6 +738,7 @@ monkey.patch_all(subprocess=False, os=False, signal=False)
 import gevent, threading
 from gevent.threadpool import ThreadPool
 from smserve.codecs.records import jsondoc
+
 a, b = gevent.spawn(jsondoc.thread_parser, 10), gevent.spawn(jsondoc.thread_parser, 10)
 gevent.joinall([a, b])
 pool = ThreadPool(1)

@@ -8,7 +8,6 @@ model whose shapes are known is checked exactly as before. metadata.json writes 
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 
@@ -22,16 +21,12 @@ from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.engine.model.derived import from_torchscript
 from smserve.engine.worker.loaded_model import load
 
+from tests.helpers.client import npy
+
 UNKNOWN = ModelMetadata(inputs=(TensorSpec("input", "FP32", None),), outputs=(TensorSpec("output__0", "FP32", None),))
 # The same model told it is a 1-D tensor of any length: still checked.
 ONE_DIM = ModelMetadata(inputs=(TensorSpec("input", "FP32", (-1,)),))
 UNKNOWN_BATCHED = ModelMetadata(max_batch_size=8, inputs=(TensorSpec("input", "FP32", None),))
-
-
-def npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
 
 
 def save_torchscript(directory, kind: str) -> torch.nn.Module:
