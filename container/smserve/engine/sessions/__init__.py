@@ -1,5 +1,6 @@
 """One worker's stateful sessions: each session's state, its expiry, the bounds on
-their count and size, and the model's open_session and close_session hooks.
+their count and size (store), and the model's open_session and close_session hooks,
+run on the inference thread (hooks).
 
 May import: engine/runtime/, engine/model/, engine/batching/, engine/hooks/ and the layers
 below the engine.

@@ -42,6 +42,7 @@ from gevent.lock import Semaphore
 from smserve import metrics
 from smserve.core import session_ids
 from smserve.engine.runtime import main_lane
+from smserve.engine.sessions import hooks as session_hooks
 from smserve.errors import BadRequest, HTTPError, InsufficientStorage, TooManyRequests, Unavailable
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class SessionTable:
         context.session_id = session_id
         self._opening += 1
         try:
-            session = Session(session_id, server, server.open_session(context), self.ttl_s)
+            session = Session(session_id, server, session_hooks.open_session(server, context), self.ttl_s)
             self._open[session_id] = session  # (counted open before the slot is given back)
         finally:
             self._opening -= 1
@@ -263,7 +264,7 @@ class SessionTable:
             self._counted(session, 0)
             metrics.stateful_session(how, len(self._open), self.state_bytes)
             try:
-                session.server.close_session(session.state, context, session.id, how)
+                session_hooks.close_session(session.server, session.state, context, session.id, how)
             except HTTPError as e:
                 if answer:
                     raise
