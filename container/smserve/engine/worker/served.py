@@ -10,6 +10,7 @@ from typing import Iterator, Protocol, runtime_checkable
 import numpy as np
 
 from smserve.core.metadata import ModelMetadata
+from smserve.engine.batching.runner import Runner
 from smserve.engine.hooks.chain import HookChain
 from smserve.engine.hooks.context import HookContexts
 from smserve.engine.runtime.pools import Pools, Slots
@@ -88,8 +89,8 @@ class ServedModel(Serving, Protocol):
 
     name: str | None
     error: str | None
-    model: object
-    runner: object
+    model: object  # engine/worker/loaded_model.LoadedModel once loaded, else None
+    runner: Runner
     traits: ModelTraits
     hook_chain: HookChain | None
     hook_contexts: HookContexts | None
