@@ -104,29 +104,35 @@ def test_a_coding_we_cannot_undo_is_415_naming_the_ones_we_can(header):
 
 
 class InlineServer:
-    """ModelServer.codec's contract, recorded: (size, fn) per call."""
+    """Pools.offload's contract, recorded: (size, fn) per call; and a worker's ledger."""
 
     def __init__(self):
         self.calls = []
+        self.ledger = contentcoding.InflatedBytes.for_worker(1, LIMIT)
 
     def codec(self, size, fn, *args):
         self.calls.append((size, fn))
         return fn(*args)
 
 
+def decode(body, header, limit, server):
+    """contentcoding.decode with the server's offload and ledger."""
+    return contentcoding.decode(body, header, limit, "", server.codec, server.ledger)
+
+
 def test_decode_undoes_codings_last_first_and_always_off_the_loop():
     server = InlineServer()
     twice = zlib.compress(gzip.compress(b"payload"))  # gzip applied first, then deflate
-    assert contentcoding.decode(twice, "gzip, deflate", LIMIT, "", server).body == b"payload"
+    assert decode(twice, "gzip, deflate", LIMIT, server).body == b"payload"
     # Each inflate goes to a codec thread: its size is the limit (the work's bound), not the wire size.
     assert server.calls == [(LIMIT, inflate), (LIMIT, inflate)]
 
 
 def test_decode_leaves_a_plain_or_empty_body_alone():
     server = InlineServer()
-    assert contentcoding.decode(b"abc", None, LIMIT, "", server).body == b"abc"
-    assert contentcoding.decode(b"abc", "identity", LIMIT, "", server).body == b"abc"
-    assert contentcoding.decode(b"", "gzip", LIMIT, "", server).body == b""
+    assert decode(b"abc", None, LIMIT, server).body == b"abc"
+    assert decode(b"abc", "identity", LIMIT, server).body == b"abc"
+    assert decode(b"", "gzip", LIMIT, server).body == b""
     assert server.calls == []
 
 
@@ -152,15 +158,19 @@ def test_zero_padding_after_the_last_member_is_taken_as_gzip_takes_it():
 
 
 class ThreadedServer:
-    """ModelServer.codec's contract on real threads: the caller's greenlet waits."""
+    """Pools.offload's contract on real threads (the caller's greenlet waits), and the
+    ledger of a worker with two codec threads."""
 
-    class settings:  # noqa: N801 - the one setting the ledger reads
-        codec_threads = 2
+    CODEC_THREADS = 2
 
-    def __init__(self):
+    def __init__(self, limit: int = 1 << 20):
         from gevent.threadpool import ThreadPool
 
-        self.pool = ThreadPool(self.settings.codec_threads)
+        from smserve.engine.runtime.pools import Pools
+
+        self.pool = ThreadPool(self.CODEC_THREADS)
+        self.pools = Pools(self.pool, None, None)
+        self.ledger = contentcoding.InflatedBytes.for_worker(self.CODEC_THREADS, limit)
 
     def codec(self, size, fn, *args):
         return self.pool.apply(fn, args)
@@ -179,7 +189,7 @@ def requests_at_once(server, bodies: list[bytes], limit: int, hold_s: float) -> 
     def request(i: int, body: bytes) -> None:
         nonlocal most
         try:
-            inflated = contentcoding.decode(body, "gzip", limit, "", server)
+            inflated = decode(body, "gzip", limit, server)
         except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
             outcomes[i] = e
             return
@@ -201,25 +211,25 @@ def test_inflated_bytes_in_flight_stay_within_the_codec_threads_limits():
     limit = 2 << 20
     body = gzip.compress(b" " * (limit - 100))
     assert len(body) < 4 << 10
-    most, outcomes = requests_at_once(ThreadedServer(), [body] * 20, limit, hold_s=0.05)
+    most, outcomes = requests_at_once(ThreadedServer(limit), [body] * 20, limit, hold_s=0.05)
     assert outcomes == [limit - 100] * 20
     assert most <= 2 * limit
 
 
 def test_a_request_that_finds_no_room_in_time_is_503_with_retry_after(monkeypatch):
     server = ThreadedServer()
-    ledger = contentcoding.inflated_bytes(server, 1 << 20)
+    ledger = server.ledger
     monkeypatch.setattr(ledger, "wait_s", 0.1)
     size = (1 << 20) - 1000
-    kept = [contentcoding.decode(gzip.compress(b"x" * size), "gzip", 1 << 20, "", server) for _ in range(2)]
+    kept = [decode(gzip.compress(b"x" * size), "gzip", 1 << 20, server) for _ in range(2)]
     with pytest.raises(contentcoding.Unavailable) as refused:
-        contentcoding.decode(gzip.compress(b"y"), "gzip", 1 << 20, "", server)
+        decode(gzip.compress(b"y"), "gzip", 1 << 20, server)
     assert refused.value.status == 503 and refused.value.headers == {"Retry-After": "1"}
     assert ledger.in_flight == 2 * size  # the bodies still held; the refused one reserved nothing
     for inflated in kept:
         inflated.release()
     assert ledger.in_flight == 0
-    assert contentcoding.decode(gzip.compress(b"y"), "gzip", 1 << 20, "", server).body == b"y"
+    assert decode(gzip.compress(b"y"), "gzip", 1 << 20, server).body == b"y"
 
 
 def test_bodies_that_fail_to_inflate_leave_no_reservation_behind():
@@ -228,8 +238,8 @@ def test_bodies_that_fail_to_inflate_leave_no_reservation_behind():
     for body, error in ((b"not gzip", BadRequest), (bomb, PayloadTooLarge)):
         for _ in range(5):
             with pytest.raises(error):
-                contentcoding.decode(body, "gzip", 1 << 20, "", server)
-    assert contentcoding.inflated_bytes(server, 1 << 20).reserved == 0
+                decode(body, "gzip", 1 << 20, server)
+    assert server.ledger.reserved == 0
 
 
 # --------------------------------------------------------------------------------------
@@ -249,6 +259,7 @@ def invocations(server, monkeypatch, answer=None):
     answer = answer or (lambda message: Reply(str(len(message.body)).encode()))
     monkeypatch.setattr(dispatch, "answer", lambda message, server, settings: answer(message))
     route = SageMakerRoutes(server, Settings(max_request_mb=1))
+    server.ledger = route.plane.inflated  # the worker's, which the route holds
 
     def post(body: bytes):
         return route.invocations(Request("POST", "/invocations", {"CONTENT-ENCODING": "gzip"}, body))
@@ -278,7 +289,7 @@ def test_finished_requests_leave_nothing_in_the_ledger(monkeypatch):
     grown = sum(stat.size_diff for stat in after.filter_traces(only_here).compare_to(
         before.filter_traces(only_here), "filename"))
     assert grown < 1024, f"contentcoding.py holds {grown} more bytes after 5,000 requests"
-    assert contentcoding.inflated_bytes(server, 1 << 20).in_flight == 0
+    assert server.ledger.in_flight == 0
 
 
 def test_a_streamed_answer_holds_its_body_until_the_stream_ends_or_is_closed(monkeypatch):
@@ -286,7 +297,7 @@ def test_a_streamed_answer_holds_its_body_until_the_stream_ends_or_is_closed(mon
 
     server = ThreadedServer()
     post = invocations(server, monkeypatch, lambda message: Reply(iter([message.body[:2], message.body[2:]])))
-    ledger = contentcoding.inflated_bytes(server, 1 << 20)
+    ledger = server.ledger
     answer = post(gzip.compress(b"abcdef"))
     assert ledger.in_flight == 6  # made, not yet sent
     assert b"".join(answer.body) == b"abcdef"
@@ -305,7 +316,7 @@ def test_a_request_whose_protocol_fails_gives_its_room_back(monkeypatch):
     post = invocations(server, monkeypatch, refuse)
     with pytest.raises(BadRequest):
         post(gzip.compress(b"abc"))
-    assert contentcoding.inflated_bytes(server, 1 << 20).in_flight == 0
+    assert server.ledger.in_flight == 0
 
 
 def test_room_given_back_lets_waiting_requests_in_first_come_first_served():

@@ -19,9 +19,11 @@ from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.engine.batching import plan as batch_plan
 from smserve.engine.batching import batchable
 from smserve.engine.hooks.chain import HookChain
+from smserve.engine.hooks.context import HookContexts
 from smserve.engine.worker import loaded_model as model_module
 from smserve.engine.hooks.script import Hooks
 from smserve.engine.batching.runner import Runner
+from smserve.engine.worker.served import ModelTraits
 from smserve.protocols import dispatch
 from smserve.settings import Settings
 
@@ -212,29 +214,24 @@ class HookServer:
     model and runner, every hook run in the calling greenlet."""
 
     status = "ready"
-    hook_processes = None
+
+    class pools:  # noqa: N801 - every step inline
+        @staticmethod
+        def offload(size, fn, *args):
+            return fn(*args)
+
+        @staticmethod
+        def on_hooks(fn, *args):
+            return fn(*args)
 
     def __init__(self, model, runner):
         self.model, self.runner, self.metadata = model, runner, model.metadata
-        self.has_input_fn = model.hooks.input_fn is not None
-        self.uses_byte_hooks = model.hooks.handles_bytes
-        self.may_stream = model.hooks.may_stream
-        self.hook_chain = HookChain(self)
-
-    def codec(self, size, fn, *args):
-        return fn(*args)
-
-    def on_hook_thread(self, fn, *args):
-        return fn(*args)
+        self.traits = ModelTraits(model.hooks, batched=runner.max_batch_size > 0)
+        self.hook_contexts = HookContexts("/model", model.device)
+        self.hook_chain = HookChain(model, runner, self.pools, self.hook_contexts)
 
     def check_ready(self):
         pass
-
-    def hook_input(self, message):
-        return self.hook_chain.input(message)
-
-    def infer_with_hooks(self, value, message, accept, encode, decoded=False):
-        return self.hook_chain.answer(value, message, accept, encode, decoded)
 
 
 FEATURES = b'{"features": [0.5, 1.5, -2.0]}'

@@ -9,6 +9,7 @@ from smserve.codecs.records import jsondoc
 from smserve.protocols import dispatch as protocols
 from smserve.errors import BadRequest
 from smserve.core.metadata import ModelMetadata, TensorSpec
+from smserve.engine.worker.served import ModelTraits
 from smserve.settings import Settings
 
 MODEL = ModelMetadata(name="m", max_batch_size=8, inputs=(TensorSpec("x", "FP32", (2,)),),
@@ -19,11 +20,13 @@ class _Server:
     """What Json.answer asks of the server, with the codec steps it takes recorded."""
 
     metadata = MODEL
-    uses_byte_hooks = has_input_fn = streams = predict_context = False
+    traits = ModelTraits()
 
     def __init__(self, body: bytes):
         self.body = body
         self.codec_steps = []
+        self.pools = self  # (its offload is codec)
+        self.offload = self.codec
 
     def codec(self, size, fn, *args):
         # A step handed the request's body decodes it; any other step encodes an answer.

@@ -110,7 +110,8 @@ def _parse_head(buf: bytes):
 
 
 def _route_table():
-    return endpoints.build(SimpleNamespace(), Settings.from_env({"SAGEMAKER_MULTI_MODEL": "true"}))
+    return endpoints.build(SimpleNamespace(pools=SimpleNamespace(offload=None)),  # (no model: nothing offloaded)
+                           Settings.from_env({"SAGEMAKER_MULTI_MODEL": "true"}))
 
 
 def _tool_cases():

@@ -118,10 +118,10 @@ def test_transform_limits_below_0_are_refused(variable, value):
      {"MaxPayloadInMB": 50, "MaxConcurrentTransforms": 2}),
 ])
 def test_execution_parameters_when_the_job_passes_0(env, expected):
-    from smserve.engine.worker.server import ModelServer
+    from smserve.engine.worker import capacity
 
-    server = ModelServer(Settings.from_env({"SAGEMAKER_BATCH": "true", **env}), workers=2)
-    assert server.execution_parameters() == {**expected, "BatchStrategy": "MULTI_RECORD"}
+    settings = Settings.from_env({"SAGEMAKER_BATCH": "true", **env})
+    assert capacity.execution_parameters(settings, workers=2) == {**expected, "BatchStrategy": "MULTI_RECORD"}
 
 
 # AWS's PyTorch containers read these with int() and hand them to TorchServe: every whole

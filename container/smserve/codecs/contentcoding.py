@@ -19,7 +19,6 @@ stays in proportion to what was received.
 
 from __future__ import annotations
 
-import weakref
 import zlib
 from collections import deque
 
@@ -59,19 +58,20 @@ def codings(header: str | None) -> list[str]:
     return found
 
 
-def decode(body: bytes, header: str | None, limit: int, limit_setting: str, server) -> "Inflated":
-    """The body with its content codings undone, on a codec thread (unchanged when it
-    has none), holding its room among the worker's inflated bodies until the caller
-    releases it. More than `limit` bytes of output is a 413."""
+def decode(body: bytes, header: str | None, limit: int, limit_setting: str, offload,
+           ledger: "InflatedBytes") -> "Inflated":
+    """The body with its content codings undone (unchanged when it has none), holding
+    its room in the worker's ledger until the caller releases it. More than `limit`
+    bytes of output is a 413. offload(size, fn, *args): runs fn on a codec thread when
+    size says it is big (engine/runtime/pools.Pools.offload)."""
     applied = codings(header)
     if not applied or not body:  # no body is no body, however it says it is coded
         return Inflated(body)
-    ledger = inflated_bytes(server, limit)
     ledger.reserve(limit)  # the most this body can become, until it is made
     try:
         for coding in reversed(applied):
             # The size given is the work's bound (the limit), so it goes to a codec thread.
-            body = server.codec(limit, inflate, body, coding, limit, limit_setting)
+            body = offload(limit, inflate, body, coding, limit, limit_setting)
     except BaseException:
         ledger.release(limit)
         raise
@@ -114,6 +114,12 @@ class InflatedBytes:
         self.reserved = 0  # bytes of bodies being inflated (their limit) or in use (their size)
         self._waiting: deque[tuple[Event, int]] = deque()
 
+    @classmethod
+    def for_worker(cls, codec_threads: int, limit: int) -> "InflatedBytes":
+        """Room for as many bodies of the limit as the worker has codec threads (each
+        inflates one at a time), and never less than one."""
+        return cls(max(1, codec_threads) * limit)
+
     @property
     def in_flight(self) -> int:
         """Bytes reserved for bodies being inflated or held by requests not yet done."""
@@ -154,20 +160,6 @@ class InflatedBytes:
             event, size = self._waiting.popleft()
             self.reserved += size
             event.set()
-
-
-# One ledger per model server (one per worker process); weak, so a test's servers go.
-_LEDGERS: "weakref.WeakKeyDictionary[object, InflatedBytes]" = weakref.WeakKeyDictionary()
-
-
-def inflated_bytes(server, limit: int) -> InflatedBytes:
-    """The server's ledger: room for as many bodies of the limit as it has codec threads
-    (each inflates one at a time), and never less than one."""
-    ledger = _LEDGERS.get(server)
-    if ledger is None:
-        threads = getattr(getattr(server, "settings", None), "codec_threads", 1)
-        ledger = _LEDGERS[server] = InflatedBytes(max(1, threads) * limit)
-    return ledger
 
 
 def inflate(data: bytes, coding: str, limit: int, limit_setting: str = "") -> bytes:

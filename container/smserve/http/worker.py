@@ -168,7 +168,7 @@ class GeventModelWorker(ExchangeWorker):
         self._drain()
         if self.handoff is not None:
             self.handoff.close()
-        self.model_server.close_sessions()  # every request answered: through the model's hook
+        self.model_server.sessions.close_all()  # every request answered: through the model's hook
         from smserve.engine.hooks import processes as hook_processes
 
         hook_processes.end_all()  # a hung one included

@@ -117,6 +117,19 @@ def reply(chunks: Iterator[bytes], stream_format: StreamFormat) -> Reply:
     return Reply(_after_first(first, chunks, stream_format), {"Content-Type": stream_format.media, **STREAM_HEADERS})
 
 
+def streamed_reply(server, message, iterator, stream_format: StreamFormat | None = None) -> Reply:
+    """The iterator a predict_fn returned (server: the engine/worker/served.ServedModel
+    whose model returned it, message: its request's), streamed in the format the Accept
+    chooses."""
+    try:
+        if stream_format is None:
+            stream_format = negotiate(message.accept, server.model.hooks.output_with(lambda: message.context))
+    except NotAcceptable:
+        server.close_stream(iterator)
+        raise
+    return reply(server.stream_items(iterator, stream_format), stream_format)
+
+
 def _after_first(first: bytes | None, chunks: Iterator[bytes], stream_format: StreamFormat) -> Iterator[bytes]:
     try:
         if first is not None:

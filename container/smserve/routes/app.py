@@ -21,6 +21,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from smserve import metrics
 from smserve.engine.multimodel.server import MultiModelServer
+from smserve.engine.worker.served import Serving
 from smserve.engine.worker.server import ModelServer
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.routes import endpoints
@@ -30,7 +31,7 @@ from smserve.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def start_server(settings: Settings, worker_index: int = 0, workers: int | None = None) -> ModelServer:
+def start_server(settings: Settings, worker_index: int = 0, workers: int | None = None) -> Serving:
     """This worker's model server, loading: worker_index and workers from gunicorn's
     worker (None workers: as the settings or the host decide)."""
     if settings.metrics:
@@ -43,11 +44,11 @@ def start_server(settings: Settings, worker_index: int = 0, workers: int | None 
 
 # The gunicorn worker's settings and model server while gunicorn loads its wsgi_app
 # (`serving`): create_app() there uses them, whether gunicorn or a user's factory calls it.
-_worker: tuple[Settings, ModelServer] | None = None
+_worker: tuple[Settings, Serving] | None = None
 
 
 @contextmanager
-def serving(settings: Settings, server: ModelServer) -> Iterator[None]:
+def serving(settings: Settings, server: Serving) -> Iterator[None]:
     global _worker
     _worker = (settings, server)
     try:
@@ -56,7 +57,7 @@ def serving(settings: Settings, server: ModelServer) -> Iterator[None]:
         _worker = None
 
 
-def create_app(settings: Settings | None = None, server: ModelServer | None = None, *,
+def create_app(settings: Settings | None = None, server: Serving | None = None, *,
                worker_index: int = 0, workers: int | None = None) -> flask.Flask:
     """The Flask app over a model server: the one given, the gunicorn worker's (`serving`),
     or one started here (worker_index, workers: which worker of how many this is)."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import orjson
 
+from smserve.engine.worker.served import Serving
 from smserve.routes import sagemaker
+from smserve.routes.dataplane import DataPlane
 from smserve.routes.kserve import KServeRoutes
 from smserve.routes.models import MODELS, ModelRoutes
 from smserve.routes.metrics import MetricsRoutes
@@ -17,23 +19,25 @@ from smserve.routes.table import Request, Response, RouteTable, json_response
 from smserve.settings import Settings
 
 
-def build(server, settings: Settings) -> RouteTable:
+def build(server: Serving, settings: Settings) -> RouteTable:
+    """server: the worker's, a served model or a multi-model endpoint's server."""
     table = RouteTable()
     multi = settings.multi_model
-    sm = SageMakerRoutes(server, settings)
+    plane = DataPlane(settings, server.pools.offload)  # every inferring route's, one per worker
+    sm = SageMakerRoutes(server, settings, plane)
     table.add(("GET", "POST"), sagemaker.PING, sm.ping, quiet=True)
     table.add("POST", sagemaker.INVOCATIONS, sm.no_model_here if multi else sm.invocations)
     table.add("GET", sagemaker.EXECUTION_PARAMETERS, sm.execution_parameters)
 
     if multi:
-        models = ModelRoutes(server, settings)
+        models = ModelRoutes(server, settings, plane)
         table.add("POST", MODELS, models.load)
         table.add("GET", MODELS, models.list)
         table.add("GET", MODELS + "/{name}", models.describe)
         table.add("DELETE", MODELS + "/{name}", models.unload)
         table.add("POST", MODELS + "/{name}/invoke", models.invoke)
 
-    kserve = KServeRoutes(server, settings, models=server if multi else None)
+    kserve = KServeRoutes(server, settings, models=server if multi else None, plane=plane)
     table.add("GET", "/v2", kserve.server_metadata)
     table.add("GET", "/v2/health/live", kserve.live, quiet=True)
     table.add("GET", "/v2/health/ready", kserve.ready, quiet=True)

@@ -11,12 +11,12 @@ from smserve import __version__
 from smserve.codecs import v2
 from smserve.core import session_ids
 from smserve.core.metadata import ModelMetadata
-from smserve.engine.worker.server import READY
+from smserve.engine.worker.served import READY, ServedModel, Serving
 from smserve.errors import BadRequest, HTTPError, NotFound
 from smserve.protocols import dispatch
 from smserve.routes import sessions
-from smserve.routes.sagemaker import answer_deadline, context_of, reply_response, request_body
-from smserve.routes.table import Request, Response, json_response, when_answered
+from smserve.routes.dataplane import DataPlane, context_of, reply_response
+from smserve.routes.table import Request, Response, json_response
 from smserve.settings import Settings
 
 SERVER_METADATA = orjson.dumps({"name": "smserve", "version": __version__,
@@ -24,12 +24,14 @@ SERVER_METADATA = orjson.dumps({"name": "smserve", "version": __version__,
 
 
 class KServeRoutes:
-    def __init__(self, server, settings: Settings, models=None):
-        """models: a multi-model endpoint's (engine.multi_model.MultiModelServer): each
-        loaded model answers under its own name."""
+    def __init__(self, server: Serving, settings: Settings, models=None, plane: DataPlane | None = None):
+        """models: a multi-model endpoint's (engine/multimodel/server.MultiModelServer): each
+        loaded model answers under its own name. plane: the worker's data plane, which
+        /invocations shares (made here when not given)."""
         self.server = server
         self.settings = settings
         self.models = models
+        self.plane = plane or DataPlane(settings, server.pools.offload)
 
     def server_metadata(self, request: Request) -> Response:
         return json_response(SERVER_METADATA)
@@ -60,22 +62,10 @@ class KServeRoutes:
             raise BadRequest(f"{session_ids.SESSION_ID}: stateful sessions are served on /invocations (and "
                              "/models/<name>/invoke), not on /v2")
         with self._model(request) as (server, metadata):
-            inflated = request_body(server, self.settings, request)
-            try:
-                with answer_deadline(self.settings):  # (the same as /invocations')
-                    body = inflated.body
-                    header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
-                    inference = server.codec(len(body), v2.decode_request, body, header_length, metadata)
-                    message = dispatch.Message(body, context_of=context_of(request))  # (for its context)
-                    reply = dispatch.v2_reply(server, inference, sagemaker=False, message=message)
-                    answer = reply_response(reply, message)
-            except BaseException:
-                inflated.release()
-                raise
-            return when_answered(answer, inflated.release)
+            return self.plane.answer(request, lambda body: _infer(server, metadata, request, body))
 
     @contextlib.contextmanager
-    def _model(self, request: Request) -> Iterator[tuple[object, ModelMetadata]]:
+    def _model(self, request: Request) -> Iterator[tuple[ServedModel, ModelMetadata]]:
         """The named model's server and metadata, for as long as the request uses them."""
         model, version = request.params["model"], request.params.get("version")
         if self.models is not None:
@@ -86,6 +76,13 @@ class KServeRoutes:
         if model != metadata.name:
             raise NotFound(f"Request for unknown model: '{model}' is not found")
         yield self.server, _versioned(model, version, metadata)
+
+
+def _infer(server: ServedModel, metadata: ModelMetadata, request: Request, body: bytes) -> Response:
+    header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
+    inference = server.pools.offload(len(body), v2.decode_request, body, header_length, metadata)
+    message = dispatch.Message(body, context_of=context_of(request))  # (for its context)
+    return reply_response(dispatch.v2_reply(server, inference, sagemaker=False, message=message), message)
 
 
 def _versioned(model: str, version: str | None, metadata: ModelMetadata) -> ModelMetadata:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from smserve import metrics
+from smserve.engine.worker.served import Serving
 from smserve.metrics import exposition, process
 from smserve.routes.table import Request, Response
 
 
 class MetricsRoutes:
-    def __init__(self, server):
+    def __init__(self, server: Serving):
         self.server = server  # for its codec threads: a single- or multi-model server
 
     def metrics(self, request: Request) -> Response:
@@ -19,7 +20,7 @@ class MetricsRoutes:
         process.sample()
         # Reading and merging every worker's files costs as much as decoding a large
         # body: a codec thread does it, so /ping never waits behind a scrape.
-        ok, result = self.server.codec_pool.apply(_collect, (request.header("Accept"), metrics.registry()))
+        ok, result = self.server.pools.codec.apply(_collect, (request.header("Accept"), metrics.registry()))
         if not ok:
             raise result
         body, content_type = result

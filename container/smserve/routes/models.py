@@ -8,6 +8,7 @@ import re
 import orjson
 
 from smserve.errors import BadRequest
+from smserve.routes.dataplane import DataPlane
 from smserve.routes.sagemaker import invocation
 from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
@@ -22,9 +23,12 @@ _DIGITS = re.compile(r"[0-9]{1,9}")
 
 
 class ModelRoutes:
-    def __init__(self, models, settings: Settings):
-        self.models = models  # engine.multi_model.MultiModelServer
+    def __init__(self, models, settings: Settings, plane: DataPlane | None = None):
+        """models: the worker's engine/multimodel/server.MultiModelServer; plane: the
+        worker's data plane (made here when not given)."""
+        self.models = models
         self.settings = settings
+        self.plane = plane or DataPlane(settings, models.pools.offload)
 
     def load(self, request: Request) -> Response:
         try:
@@ -68,7 +72,7 @@ class ModelRoutes:
             local.inflight -= 1
 
         try:
-            answer = invocation(local.server, self.settings, request)
+            answer = invocation(local.server, self.plane, request)
         except BaseException:
             done()
             raise

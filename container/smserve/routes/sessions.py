@@ -24,6 +24,7 @@ import orjson
 from smserve.core import media, session_ids
 from smserve.core.context import CUSTOM_ATTRIBUTES
 from smserve.engine.sessions.store import CLOSED
+from smserve.engine.worker.served import ServedModel
 from smserve.errors import BadRequest
 from smserve.routes.table import Request, Response, json_response, when_answered
 
@@ -40,7 +41,7 @@ def in_session(request: Request) -> bool:
     return request.header(session_ids.SESSION_ID) is not None
 
 
-def answer(server, request: Request, message, respond, reply_response) -> Response:
+def answer(server: ServedModel, request: Request, message, respond, reply_response) -> Response:
     """The request's answer in its session: respond(message) -> the request's own reply,
     reply_response(reply, message) -> its Response."""
     value = session_ids.requested(request.header(session_ids.SESSION_ID))

@@ -23,6 +23,7 @@ from gevent.queue import Queue
 
 from smserve.core import media
 from smserve.core.reply import Reply
+from smserve.engine.worker.served import ServedModel
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.protocols import dispatch
 from smserve.protocols.negotiation import negotiate
@@ -43,7 +44,7 @@ class DefaultSession(Session):
     # Each message was a request: what the client sent before its Close is answered.
     answers_after_close = True
 
-    def __init__(self, server, settings, context: SessionContext):
+    def __init__(self, server: ServedModel, settings, context: SessionContext):
         super().__init__()
         self.server = server
         self.settings = settings
@@ -72,7 +73,7 @@ class DefaultSession(Session):
         else:
             body, content_type = bytes(message), self.binary_type
             # .npy answers .npy unless the model's own hooks decide what they answer.
-            builtin = content_type in media.MEDIA_TYPES and not self.server.uses_byte_hooks
+            builtin = content_type in media.MEDIA_TYPES and not self.server.traits.byte_hooks
             accept = self.accept or (BINARY_DEFAULT_TYPE if builtin else None)
         try:
             message = dispatch.Message(body, content_type, accept, context_of=self.context.for_message)
@@ -128,7 +129,7 @@ class DefaultSession(Session):
         raise Closing(CloseReason.INTERNAL_ERROR, f"internal error: {type(error).__name__}: {error}")
 
 
-def _options(server, query: dict[str, str]) -> dict[str, str]:
+def _options(server: ServedModel, query: dict[str, str]) -> dict[str, str]:
     """The session's query options, checked before any message is read: 1008 for one
     the model cannot take. `accept` is checked per answer instead when the model's own
     code may answer in other types (an output_fn) or stream (a predict_fn: only what it
@@ -141,13 +142,13 @@ def _options(server, query: dict[str, str]) -> dict[str, str]:
     options = {}
     if "content-type" in query:
         value = media.media_type(query["content-type"])
-        if value not in BINARY_TYPES and not server.has_input_fn:
+        if value not in BINARY_TYPES and not server.traits.input_fn:
             raise Closing(CloseReason.POLICY_VIOLATION, f"unsupported content-type {query['content-type']!r} for "
                           f"binary messages; supported: {', '.join(BINARY_TYPES)}")
         options["content-type"] = value
     if "accept" in query:
         value = query["accept"]
-        if server.model.hooks.output_fn is None and not server.may_stream:
+        if server.model.hooks.output_fn is None and not server.traits.may_stream:
             try:
                 value = negotiate(value, media.JSON)
             except HTTPError:

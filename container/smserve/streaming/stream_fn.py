@@ -16,6 +16,7 @@ import gevent
 from gevent import monkey
 
 from smserve.engine.batching.batchable import is_stream
+from smserve.engine.worker.served import ServedModel
 from smserve.errors import HTTPError
 from smserve.streaming.session import MAX_PENDING, CloseReason, Closing, Send, Session, SessionContext
 from smserve.protocols.streams import to_json
@@ -34,11 +35,11 @@ class StreamFnSession(Session):
     # generator is closed (docs/streaming.md).
     answers_after_close = False
 
-    def __init__(self, server, stream_fn, context: SessionContext):
+    def __init__(self, server: ServedModel, stream_fn, context: SessionContext):
         super().__init__()
         self.server = server
         self.stream_fn = stream_fn
-        self.context = server.for_hooks(context)
+        self.context = server.hook_contexts(context)
         self.inbox = _RealQueue()
         self.messages = _Messages(self.inbox, server.model_lock)
         self.delivered = 0
@@ -55,11 +56,15 @@ class StreamFnSession(Session):
         self.inbox.put(_END)
 
     def release(self) -> None:
-        self.server.close_stream_session()
+        self.server.stream_sessions.give_back()
 
     def answer(self, send: Send) -> None:
         """Drive the model's session generator on a session thread, one item a hop."""
-        call = self.server.on_session_thread
+        pools, lock = self.server.pools, self.server.model_lock
+
+        def call(fn, *args):
+            return pools.on_session(lock, fn, *args)
+
         session = call(_open_stream, self.stream_fn, self.messages, self.server.model.model, self.context)
         inner = None
         try:

@@ -25,17 +25,22 @@ log = logging.getLogger(__name__)
 
 
 class HookChain:
-    def __init__(self, server):
-        self.server = server  # engine.server.ModelServer
+    """One model's chain: its loaded model, its runner, the worker's threads (pools), the
+    maker of its hooks' contexts (engine/hooks/context.py) and its hook processes, if any."""
+
+    def __init__(self, model, runner, pools, contexts, processes=None):
+        self.model = model
+        self.runner = runner
+        self.pools = pools
+        self.contexts = contexts
+        self.processes = processes
         self._said: set[str] = set()  # why requests ran alone, said once each
 
     def input(self, message):
         """input_fn's value for the message (on a hook thread), or NotImplemented when
         it hands the body back to the built-in codecs."""
-        server = self.server
-        hooks = server.model.hooks
-        context = server.hook_context(message) if hooks.input_context else None
-        return server.on_hook_thread(_run_input_fn, server.model, message, context, server.hook_processes)
+        context = self.contexts.of(message) if self.model.hooks.input_context else None
+        return self.pools.on_hooks(_run_input_fn, self.model, message, context, self.processes)
 
     def answer(self, value, message, accept: str, encode, decoded: bool = False):
         """The answer to one request whose data is value: input_fn's, or the built-in
@@ -43,29 +48,28 @@ class HookChain:
         encode: the built-in encoder of named arrays, for a model without output_fn or
         a prediction output_fn hands back (NotImplemented). Returns (body, media type),
         or the iterator a predict_fn returned (to stream)."""
-        server = self.server
-        model = server.model
+        model = self.model
         hooks = model.hooks
-        prediction = self._predict(model, value, message, decoded)
+        prediction = self._predict(value, message, decoded)
         if hooks.streamed(prediction):
             return prediction
         if hooks.output_fn is None:
-            return server.codec(sum(getattr(a, "nbytes", 0) for a in prediction.values()), encode, prediction)
-        context = server.hook_context(message) if hooks.output_context else None
-        answer = server.on_hook_thread(_run_output_fn, model, prediction, accept, context, server.hook_processes)
+            return self.pools.offload(sum(getattr(a, "nbytes", 0) for a in prediction.values()), encode, prediction)
+        context = self.contexts.of(message) if hooks.output_context else None
+        answer = self.pools.on_hooks(_run_output_fn, model, prediction, accept, context, self.processes)
         if answer is NotImplemented:
-            return server.on_hook_thread(lambda: encode(model.outputs_to_numpy(prediction)))
+            return self.pools.on_hooks(lambda: encode(model.outputs_to_numpy(prediction)))
         return answer
 
-    def _predict(self, model, value, message, decoded: bool):
-        runner = self.server.runner
+    def _predict(self, value, message, decoded: bool):
+        model, runner = self.model, self.runner
         hooks = model.hooks
         batched = runner.max_batch_size > 0 and not hooks.runs_alone
         if decoded:
             form, leaves = model.input_form(value)
             if batched:
                 return runner.infer(leaves, None, form)
-            context = self.server.hook_context(message) if hooks.predict_context else None
+            context = self.contexts.of(message) if hooks.predict_context else None
             return runner.call_pass(model.predict, leaves, context, form, records=lambda: records_in(leaves))
         if batched:
             try:
@@ -77,7 +81,7 @@ class HookChain:
                                "or array with the batch along dimension 0 (or a tuple, list or dict of them)", e)
             else:
                 return runner.infer(leaves, None, form)
-        context = self.server.hook_context(message) if hooks.predict_context else None
+        context = self.contexts.of(message) if hooks.predict_context else None
         return runner.call_pass(model.predict_value, value, context,
                                 records=lambda: main_lane.call(records_in, value))
 

@@ -43,9 +43,10 @@ from smserve.engine.multimodel.admission import (
 from smserve.engine.multimodel.registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
 from smserve.engine.multimodel.rehearsal import rehearse
 from smserve.engine.runtime import memory
+from smserve.engine.worker import capacity
 from smserve.engine.sessions.store import SessionTable
 from smserve.engine.worker import readiness
-from smserve.engine.worker.server import FAILED, ModelServer, Pools
+from smserve.engine.worker.server import FAILED, ModelServer
 from smserve.errors import BadRequest, Conflict, NotFound, Unavailable
 from smserve.settings import Settings
 
@@ -76,7 +77,7 @@ class MultiModelServer:
         self.workers = workers or settings.workers or 1
         self.state_dir = state_dir
         self.shared = SharedRegistry(os.path.join(state_dir or tempfile.mkdtemp(prefix="smserve-"), "models"))
-        self.pools = Pools.for_worker(settings, self.workers)
+        self.pools = capacity.pools(settings, self.workers)
         # Stateful sessions, each of one model: one table, and one bound, for the worker.
         self.sessions = SessionTable(settings, worker_index)
         self.room = Room(self.shared, settings.models_memory_mb)
@@ -130,12 +131,6 @@ class MultiModelServer:
         starting = readiness.starting(self.state_dir, self.workers)
         if starting:
             raise Unavailable(f"worker(s) {', '.join(map(str, starting))} of {self.workers} still starting")
-
-    execution_parameters = ModelServer.execution_parameters
-
-    def close_sessions(self) -> None:
-        """SIGTERM, after the requests in flight: every model's sessions through its hook."""
-        self.sessions.close_all()
 
     def _follow(self) -> None:
         # torch comes in before the first model, so that model's footprint is its own;

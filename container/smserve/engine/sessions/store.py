@@ -42,6 +42,7 @@ from smserve import metrics
 from smserve.core import session_ids
 # The state's count has its own module; its public names stay importable from here.
 from smserve.engine.sessions.measure import COUNTED_PER_TURN, StateWalk, count, state_size  # noqa: F401
+from smserve.engine.sessions import hooks as session_hooks
 from smserve.errors import BadRequest, HTTPError, InsufficientStorage, TooManyRequests, Unavailable
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class SessionTable:
         context.session_id = session_id
         self._opening += 1
         try:
-            session = Session(session_id, server, server.open_session(context), self.ttl_s)
+            session = Session(session_id, server, session_hooks.open_session(server, context), self.ttl_s)
             self._open[session_id] = session  # (counted open before the slot is given back)
         finally:
             self._opening -= 1
@@ -260,7 +261,7 @@ class SessionTable:
             self._counted(session, 0)
             metrics.stateful_session(how, len(self._open), self.state_bytes)
             try:
-                session.server.close_session(session.state, context, session.id, how)
+                session_hooks.close_session(session.server, session.state, context, session.id, how)
             except HTTPError as e:
                 if answer:
                     raise
