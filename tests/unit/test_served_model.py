@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import ast
 import inspect
+import threading
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from smserve.engine.multimodel.server import MultiModelServer
+from smserve.engine.runtime.pools import Slots
 from smserve.engine.worker.served import ServedModel, Serving
 from smserve.engine.worker.server import ModelServer
 from smserve.settings import Settings
+from smserve.streaming.handlers import open_session
+from smserve.streaming.session import CloseReason, Closing, SessionContext
 
 PACKAGE = Path(__file__).resolve().parents[2] / "container" / "smserve"
 MOST_PUBLIC_METHODS = 15
@@ -85,3 +92,20 @@ def test_v2_infer_and_invocations_take_one_data_plane(tmp_path):
                   if route.pattern.endswith(("/invocations", "/infer", "/invoke"))}
         assert len(planes) == (4 if multi else 3), planes
         assert len({id(plane) for plane in planes.values()}) == 1, planes
+
+
+def test_stream_fn_sessions_past_the_cap_are_told_to_come_back_and_a_closed_one_frees_its_slot():
+    """The served model's stream_sessions bound the worker's stream_fn sessions
+    (SMSERVE_MAX_SESSIONS): past it a new one closes with 1013; one released, one opens."""
+    settings = Settings(max_sessions=1)
+    hooks = SimpleNamespace(stream_fn=lambda messages, model, context: iter(()))
+    server = SimpleNamespace(check_ready=lambda: None, model=SimpleNamespace(hooks=hooks, model=None),
+                             stream_sessions=Slots(settings.max_sessions), hook_contexts=lambda context: context,
+                             model_lock=threading.Lock())
+    first = open_session(server, settings, SessionContext({}))
+    with pytest.raises(Closing) as refused:
+        open_session(server, settings, SessionContext({}))
+    assert refused.value.code == CloseReason.TRY_AGAIN_LATER and "SMSERVE_MAX_SESSIONS" in refused.value.reason
+    first.release()
+    open_session(server, settings, SessionContext({})).release()
+    assert server.stream_sessions.held == 0
