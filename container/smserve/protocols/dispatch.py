@@ -18,7 +18,7 @@ from smserve.errors import UnsupportedMediaType
 from smserve.protocols.hooks import Hooks
 from smserve.protocols.kserve_v2 import SageMakerBinary, V2JsonBinary, V2OctetStream, v2_reply
 from smserve.protocols.message import HANDED_BACK, OCTET_STREAM, Message, Protocol
-from smserve.protocols.negotiation import default_accept, negotiate, preferred
+from smserve.protocols.message import default_accept, negotiate, preferred
 from smserve.protocols.simple import Json, Simple, answer_labels, encode_simple, simple_reply
 from smserve.protocols.streams import streamed_reply
 from smserve.settings import Settings
@@ -45,7 +45,14 @@ PROTOCOLS: tuple[Protocol, ...] = (SageMakerBinary(), V2OctetStream(), V2JsonBin
 
 
 def choose(message: Message, server: ServedModel) -> Protocol:
+    kind = message.kind
     for protocol in PROTOCOLS:
+        if protocol.kinds is not None and kind not in protocol.kinds:
+            continue
+        if protocol.marker is not None and protocol.marker not in message.content_type:
+            continue
+        if protocol.for_byte_hooks and not server.traits.may_handle_bytes:
+            continue
         if protocol.takes(message, server):
             return protocol
     if message.input_fn_declined:

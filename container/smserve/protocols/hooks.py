@@ -14,7 +14,7 @@ from smserve.errors import NotAcceptable
 from smserve.protocols import streams
 from smserve.protocols.kserve_v2 import v2_reply
 from smserve.protocols.message import HANDED_BACK, Message, Protocol, input_fn_takes
-from smserve.protocols.negotiation import default_accept, negotiate, preferred
+from smserve.protocols.message import default_accept, negotiate, preferred
 from smserve.protocols.simple import answer_labels, decode_builtin, encode_simple
 from smserve.settings import Settings
 
@@ -26,6 +26,7 @@ class Hooks(Protocol):
     it, so the built-in codecs decode it (a KServe v2 document gets a v2 answer)."""
 
     name = "hooks"
+    for_byte_hooks = True
 
     def takes(self, message, server):
         if not server.traits.byte_hooks:

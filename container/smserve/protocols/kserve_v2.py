@@ -34,9 +34,8 @@ class SageMakerBinary(_V2):
     custom headers, so the JSON header's length travels in the Content-Type."""
 
     name = "sagemaker-binary"
-
-    def takes(self, message, server):
-        return v2.SAGEMAKER_BINARY_CONTENT_TYPE in message.content_type
+    # Anywhere in the Content-Type: one that names it other than first is refused (400).
+    marker = v2.SAGEMAKER_BINARY_CONTENT_TYPE
 
     def header_length(self, message):
         return v2.sagemaker_header_length(message.content_type, len(message.body))
@@ -47,10 +46,10 @@ class V2OctetStream(_V2):
     the raw bytes of the model's one input (unless the model's input_fn takes it)."""
 
     name = "v2-binary"
+    kinds = (OCTET_STREAM,)
 
     def takes(self, message, server):
-        return message.kind == OCTET_STREAM and (message.v2_header_length is not None
-                                                 or not input_fn_takes(message, server))
+        return message.v2_header_length is not None or not input_fn_takes(message, server)
 
     def header_length(self, message):
         return v2.header_length_from_header(message.v2_header_length, len(message.body)) or 0
@@ -60,9 +59,10 @@ class V2JsonBinary(_V2):
     """`application/json` + Inference-Header-Content-Length: a v2 JSON header, then blobs."""
 
     name = "v2-json-binary"
+    kinds = (media.JSON,)
 
     def takes(self, message, server):
-        return message.kind == media.JSON and message.v2_header_length is not None
+        return message.v2_header_length is not None
 
     def header_length(self, message):
         return v2.header_length_from_header(message.v2_header_length, len(message.body))

@@ -15,7 +15,7 @@ from smserve.engine.worker.served import ServedModel
 from smserve.errors import BadRequest, NotAcceptable, ServerError
 from smserve.protocols.kserve_v2 import v2_reply
 from smserve.protocols.message import Message, Protocol, nbytes, predict_context, writing
-from smserve.protocols.negotiation import default_accept, negotiate
+from smserve.protocols.message import default_accept, negotiate
 from smserve.protocols.streams import streamed_reply
 from smserve.settings import Settings
 
@@ -28,9 +28,7 @@ class Json(Protocol):
     KServe v2 JSON request (recognised by its `inputs` list of named tensors)."""
 
     name = "json"
-
-    def takes(self, message, server):
-        return message.kind == media.JSON
+    kinds = (media.JSON,)
 
     def answer(self, message, server, settings):
         body = message.body
@@ -53,9 +51,7 @@ class Simple(Protocol):
     """CSV, JSON Lines, .npy and .npz: one record a line (or arrays), answered by Accept."""
 
     name = "simple"
-
-    def takes(self, message, server):
-        return message.kind in (media.CSV, media.JSONLINES, media.NPY, media.NPZ)
+    kinds = (media.CSV, media.JSONLINES, media.NPY, media.NPZ)
 
     def answer(self, message, server, settings):
         inputs = server.pools.offload(len(message.body), simple.decode, message.body, message.content_type,
@@ -99,7 +95,7 @@ def simple_reply(server: ServedModel, settings: Settings, message: Message, inpu
         # Only what predict_fn returns tells whether a stream type would do.
         accept, refusal = None, e
     labels = answer_labels(message.accept, accept, server.metadata) if refusal is None else None
-    wrapped = simple.wraps_records(message.body, message.content_type)
+    wrapped = message.kind == media.JSON and simple.wraps_records(message.body, message.content_type)
     offload = server.pools.offload
     if accept in LINE_TYPES and server.passes(inputs) > 1:
         # Many records in a line format: each pass's lines leave as the pass ends, so

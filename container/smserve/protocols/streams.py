@@ -23,8 +23,8 @@ import orjson
 from smserve import metrics
 from smserve.core.reply import Reply
 from smserve.errors import HTTPError, NotAcceptable
-from smserve.protocols.negotiation import negotiate as negotiate_accept
-from smserve.protocols.negotiation import preferred
+from smserve.protocols.message import negotiate as negotiate_accept
+from smserve.protocols.message import preferred
 
 log = logging.getLogger(__name__)
 

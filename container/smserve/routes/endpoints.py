@@ -10,7 +10,7 @@ import orjson
 
 from smserve.engine.worker.served import Serving
 from smserve.routes import sagemaker
-from smserve.routes.dataplane import DataPlane
+from smserve.routes.sagemaker import DataPlane
 from smserve.routes.kserve import KServeRoutes
 from smserve.routes.models import MODELS, ModelRoutes
 from smserve.routes.metrics import MetricsRoutes

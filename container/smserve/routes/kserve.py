@@ -14,8 +14,7 @@ from smserve.core.metadata import ModelMetadata
 from smserve.engine.worker.served import READY, ServedModel, Serving
 from smserve.errors import BadRequest, HTTPError, NotFound
 from smserve.protocols import dispatch
-from smserve.routes import sessions
-from smserve.routes.dataplane import DataPlane, context_of, reply_response
+from smserve.routes.sagemaker import DataPlane, context_of, reply_response
 from smserve.routes.table import Request, Response, json_response
 from smserve.settings import Settings
 
@@ -57,7 +56,7 @@ class KServeRoutes:
             return Response(200)
 
     def infer(self, request: Request) -> Response:
-        if sessions.in_session(request):
+        if request.header(session_ids.SESSION_ID) is not None:
             # Never served without its state: SageMaker's sessions are InvokeEndpoint's.
             raise BadRequest(f"{session_ids.SESSION_ID}: stateful sessions are served on /invocations (and "
                              "/models/<name>/invoke), not on /v2")

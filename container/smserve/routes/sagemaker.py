@@ -1,16 +1,27 @@
-"""SageMaker's own routes: the health check, inference, and batch transform's parameters."""
+"""SageMaker's own routes: the health check, inference, and batch transform's parameters;
+and the data plane, the one path every inferring route takes (/invocations,
+/models/<name>/invoke, /v2/models/<m>/infer): the body inflated within the worker's room
+for inflated bodies, the answer made within the answer's deadline, the body's room given
+back once the answer has left; and the reply as a response, with the custom attributes a
+hook set."""
 
 from __future__ import annotations
 
+import contextlib
+from typing import Callable, Iterator
+
+import gevent
 import orjson
 
+from smserve.codecs import contentcoding
+from smserve.core import session_ids
+from smserve.core.context import CUSTOM_ATTRIBUTES, RequestContext, response_custom_attributes
 from smserve.engine.worker import capacity
 from smserve.engine.worker.served import ServedModel, Serving
-from smserve.errors import NotFound
+from smserve.errors import AnswerTimeout, NotFound
 from smserve.protocols import dispatch
 from smserve.routes import sessions
-from smserve.routes.dataplane import DataPlane, context_of, reply_response
-from smserve.routes.table import Request, Response, json_response
+from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
 
 PING = "/ping"
@@ -53,9 +64,80 @@ def invocation(server: ServedModel, plane: DataPlane, request: Request) -> Respo
 
     def respond(body: bytes) -> Response:
         message = dispatch.Message.from_http(body, request.header, context_of(request))
-        if sessions.in_session(request):
+        if request.header(session_ids.SESSION_ID) is not None:
             return sessions.answer(server, request, message, lambda m: dispatch.answer(m, server, settings),
                                    reply_response)
         return reply_response(dispatch.answer(message, server, settings), message)
 
     return plane.answer(request, respond)
+
+
+class DataPlane:
+    """One worker's: its settings, its codec offload (engine/runtime/pools.Pools.offload)
+    and its ledger of inflated bodies (codecs/contentcoding.InflatedBytes)."""
+
+    def __init__(self, settings: Settings, offload):
+        self.settings = settings
+        self.offload = offload
+        self.inflated = contentcoding.InflatedBytes.for_worker(settings.codec_threads, settings.max_body_bytes)
+
+    def answer(self, request: Request, respond: Callable[[bytes], Response]) -> Response:
+        """respond(body) -> the request's response, made within the answer's deadline;
+        body: the request's, its content coding undone."""
+        if request.header("Content-Encoding") is None:  # nothing to undo, no room held
+            with answer_deadline(self.settings):
+                return respond(request.body)
+        inflated = self.body(request)
+        try:
+            with answer_deadline(self.settings):
+                response = respond(inflated.body)
+        except BaseException:
+            inflated.release()
+            raise
+        return when_answered(response, inflated.release)
+
+    def body(self, request: Request) -> contentcoding.Inflated:
+        """The body as the protocols read it (its `body`): a gzip or deflate body inflated
+        (within the payload limit), any other body as it came. Release it once the request
+        is done: an inflated body holds room among the worker's until then."""
+        settings = self.settings
+        return contentcoding.decode(request.body, request.header("Content-Encoding"), settings.max_body_bytes,
+                                    settings.body_limit_setting, self.offload, self.inflated)
+
+
+@contextlib.contextmanager
+def answer_deadline(settings: Settings) -> Iterator[None]:
+    """The answer's deadline (SAGEMAKER_MODEL_SERVER_TIMEOUT, or the PyTorch containers'
+    SAGEMAKER_TS_RESPONSE_TIMEOUT), for every route that infers: past it the client gets
+    a 504 at once, its work still queued is dropped unrun (engine/batching/runner.py), and a pass
+    already running ends on the inference thread, its result dropped, so the worker and
+    the other requests go on. A streamed answer's deadline is its first part."""
+    deadline = gevent.Timeout(settings.request_timeout)
+    deadline.start()
+    try:
+        yield
+    except gevent.Timeout as e:
+        if e is not deadline:
+            raise
+        raise AnswerTimeout(f"the model did not answer within {settings.request_timeout} s "
+                            "(SAGEMAKER_MODEL_SERVER_TIMEOUT); the worker goes on") from None
+    finally:
+        deadline.close()
+
+
+def context_of(request: Request):
+    """Makes the request's context for the hooks that take one (only they call it): its
+    headers, path and query, and the model a multi-model route names."""
+    return lambda: RequestContext(request.headers, request.path, request.query, request.params.get("name"))
+
+
+def reply_response(reply, message) -> Response:
+    """The reply as a 200, with the custom attributes a hook set on the request's context
+    (X-Amzn-SageMaker-Custom-Attributes). A streamed reply's headers leave with its
+    first chunk, which is made before this: what a hook sets after it is not sent."""
+    headers = list(reply.headers.items())
+    if message.built_context is not None:
+        attributes = response_custom_attributes(message.built_context)
+        if attributes is not None:
+            headers.append((CUSTOM_ATTRIBUTES, attributes))
+    return Response(200, headers, reply.body)

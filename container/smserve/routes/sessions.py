@@ -36,11 +36,6 @@ CLOSE_ATTRIBUTE = "session=close"
 MAX_CONTROL_BYTES = 4096
 
 
-def in_session(request: Request) -> bool:
-    """Whether the request names a session (NEW_SESSION or an ID)."""
-    return request.header(session_ids.SESSION_ID) is not None
-
-
 def answer(server: ServedModel, request: Request, message, respond, reply_response) -> Response:
     """The request's answer in its session: respond(message) -> the request's own reply,
     reply_response(reply, message) -> its Response."""

@@ -26,7 +26,7 @@ from smserve.core.reply import Reply
 from smserve.engine.worker.served import ServedModel
 from smserve.errors import HTTPError, PayloadTooLarge
 from smserve.protocols import dispatch
-from smserve.protocols.negotiation import negotiate
+from smserve.protocols.message import negotiate
 from smserve.streaming.session import MAX_PENDING, CloseReason, Closing, Send, Session, SessionContext
 from smserve.streaming.text import TextPieces
 

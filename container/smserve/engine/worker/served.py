@@ -21,36 +21,30 @@ LOADING, READY, FAILED = "loading", "ready", "failed"
 
 
 class ModelTraits:
-    """What the loaded model's hooks do, as the protocols choose by them: read as they
-    are asked (a predict_fn is learnt to stream from its first iterator), all False
-    without a ready model."""
+    """What the loaded model's hooks do, as the protocols choose by them, all False
+    without a ready model. Fixed at load, so plain values a request reads without a
+    call; only whether a predict_fn streams is learnt later (from its first iterator),
+    so `byte_hooks` asks the hooks, and only when `may_handle_bytes` says it could."""
 
-    __slots__ = ("_hooks", "_batched")
+    __slots__ = ("_hooks", "input_fn", "may_stream", "predict_context", "may_handle_bytes")
 
     def __init__(self, hooks=None, batched: bool = False):
         self._hooks = hooks  # engine/hooks/script.Hooks
-        self._batched = batched  # the runner batches across requests (max batch > 0)
-
-    @property
-    def input_fn(self) -> bool:
-        """input_fn reads request bodies."""
-        return self._hooks is not None and self._hooks.input_fn is not None
+        # input_fn reads request bodies.
+        self.input_fn = hooks is not None and hooks.input_fn is not None
+        # predict_fn may answer with an iterator: only its result tells.
+        self.may_stream = hooks is not None and hooks.may_stream
+        # A predict_fn that takes the request's context runs on this request alone: the
+        # model is not batched across requests (max batch > 0). (A batched pass's
+        # predict_fn gets None.)
+        self.predict_context = hooks is not None and hooks.predict_context and not batched
+        # input_fn or output_fn handle bytes, or a predict_fn that may stream could.
+        self.may_handle_bytes = self.input_fn or self.may_stream or (hooks is not None and hooks.output_fn is not None)
 
     @property
     def byte_hooks(self) -> bool:
         """input_fn, output_fn or a streaming predict_fn handle bytes."""
-        return self._hooks is not None and self._hooks.handles_bytes
-
-    @property
-    def may_stream(self) -> bool:
-        """predict_fn may answer with an iterator: only its result tells."""
-        return self._hooks is not None and self._hooks.may_stream
-
-    @property
-    def predict_context(self) -> bool:
-        """A predict_fn that takes the request's context runs on this request alone: the
-        model is not batched across requests. (A batched pass's predict_fn gets None.)"""
-        return self._hooks is not None and self._hooks.predict_context and not self._batched
+        return self.may_handle_bytes and self._hooks.handles_bytes
 
 
 NO_TRAITS = ModelTraits()
