@@ -1,6 +1,7 @@
-"""The torch model on its device: named numpy arrays made into its input tensors, its
-own forward pass (under autocast where asked), and its outputs made into numpy arrays
-whatever tensor they are, a failure to convert a named 500, never an unhandled error.
+"""The torch model on its device: its file loaded (load_model_file), named numpy arrays
+made into its input tensors, its own forward pass (under autocast where asked), and its
+outputs made into numpy arrays whatever tensor they are, a failure to convert a named
+500, never an unhandled error.
 
 Runs in the worker process after fork, on the worker's inference thread: this module
 (with staging.py, its pinned input buffers) is where tensors reach the device.
@@ -14,13 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from smserve.core.metadata import ModelMetadata
-from smserve.engine.model.artifacts import ModelLoadError
+from smserve.engine.model import artifacts, derived
+from smserve.engine.model.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
 from smserve.engine.model.staging import HostStaging
 from smserve.errors import BadRequest, Named500
 
@@ -47,6 +50,38 @@ def choose_device(preference: str, worker_index: int) -> torch.device:
     if preference == "cuda":
         raise ModelLoadError("SMSERVE_DEVICE=cuda but torch sees no CUDA device")
     return torch.device("cpu")
+
+
+def load_model_file(model_dir: str, device: torch.device, metadata: ModelMetadata | None,
+                    script: str) -> tuple[object, str, ModelMetadata | None]:
+    """The model file model_dir holds, loaded onto device: (the model, its platform, the
+    metadata, read off the model where the folder declares none). script: the hooks'
+    script, which defines no model_fn (named in the errors)."""
+    if os.path.exists(os.path.join(model_dir, EXPORTED)):
+        program = artifacts.load_exported(os.path.join(model_dir, EXPORTED))
+        model = program.module().to(device)
+        if metadata is None:
+            metadata = derived.from_export(program)
+            derived.log_derived(model_dir, EXPORTED, metadata)
+        return model, "pytorch_torchexport", metadata
+    lone = artifacts.torchscript_file(model_dir, script)
+    if lone is None:
+        raise ModelLoadError(f"{model_dir} holds neither {EXPORTED} (torch.export) nor {TORCHSCRIPT} (TorchScript) nor "
+                             f"one other *.pt/*.pth TorchScript file, and {script} defines no model_fn")
+    model = artifacts.load_torchscript(lone, map_location=device)
+    if metadata is None:
+        metadata = derived.from_torchscript(model)
+        derived.log_derived(model_dir, os.path.basename(lone), metadata)
+    return model, "pytorch_torchscript", metadata
+
+
+def with_platform(metadata: ModelMetadata | None, platform: str) -> ModelMetadata:
+    """The metadata, its platform the loaded model's where it declares none."""
+    if metadata is None:
+        return ModelMetadata(platform=platform)
+    if metadata.platform == ModelMetadata.platform:
+        return ModelMetadata(**{**metadata.__dict__, "platform": platform})
+    return metadata
 
 
 @dataclass

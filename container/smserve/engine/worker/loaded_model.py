@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from smserve.errors import HTTPError, ServerError
-from smserve.engine.model import artifacts, compiling
+from smserve.engine.model import compiling
 from smserve.engine.batching import batchable, inline
-from smserve.engine.model import derived
 from smserve.engine.hooks import toolkit
-from smserve.engine.model.artifacts import EXPORTED, TORCHSCRIPT, ModelLoadError
-from smserve.engine.model.torch_model import AUTOCAST_DTYPES, TorchModel, converting
+from smserve.engine.model.artifacts import ModelLoadError
+from smserve.engine.model.torch_model import (AUTOCAST_DTYPES, TorchModel, converting, load_model_file,
+                                              with_platform)
 from smserve.engine.model.torch_model import choose_device as choose_device  # (the worker's server finds it here)
 from smserve.engine.hooks.script import Hooks, load_hooks, missing_package_hint, run_load_hook
 from smserve.core.metadata import ModelMetadata
@@ -162,26 +162,9 @@ def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mo
         run_load_hook(hooks, "pre_model_fn", model_dir, device)
     if hooks.model_fn is not None:
         # model_fn's model as it returns it: a predict_fn runs it as it likes.
-        model = run_load_hook(hooks, "model_fn", model_dir, device)
-        platform = "pytorch_custom"
-    elif os.path.exists(os.path.join(model_dir, EXPORTED)):
-        program = artifacts.load_exported(os.path.join(model_dir, EXPORTED))
-        model = program.module().to(device)
-        platform = "pytorch_torchexport"
-        if metadata is None:
-            metadata = derived.from_export(program)
-            derived.log_derived(model_dir, EXPORTED, metadata)
-    elif (lone := artifacts.torchscript_file(model_dir, hooks.script)) is not None:
-        model = artifacts.load_torchscript(lone, map_location=device)
-        platform = "pytorch_torchscript"
-        if metadata is None:
-            metadata = derived.from_torchscript(model)
-            derived.log_derived(model_dir, os.path.basename(lone), metadata)
+        model, platform = run_load_hook(hooks, "model_fn", model_dir, device), "pytorch_custom"
     else:
-        raise ModelLoadError(
-            f"{model_dir} holds neither {EXPORTED} (torch.export) nor {TORCHSCRIPT} (TorchScript) nor one other "
-            f"*.pt/*.pth TorchScript file, and {hooks.script} defines no model_fn"
-        )
+        model, platform, metadata = load_model_file(model_dir, device, metadata, hooks.script)
     if hooks.model_warmup_fn is not None:
         run_load_hook(hooks, "model_warmup_fn", model_dir, device, model)
     if hooks.model_fn is not None and hooks.predict_fn is None and isinstance(model, torch.nn.Module):
@@ -190,11 +173,7 @@ def load(model_dir: str, device: torch.device, autocast: str = "off", compile_mo
         with contextlib.suppress(NotImplementedError):
             model.eval()
         model = model.to(device)
-    if metadata is None:
-        metadata = ModelMetadata(platform=platform)
-    elif metadata.platform == ModelMetadata.platform:
-        metadata = ModelMetadata(**{**metadata.__dict__, "platform": platform})
-    loaded = LoadedModel(model=model, metadata=metadata, hooks=hooks, device=device,
+    loaded = LoadedModel(model=model, metadata=with_platform(metadata, platform), hooks=hooks, device=device,
                          staging=HostStaging(pin=True) if device.type == "cuda" else None,
                          autocast=AUTOCAST_DTYPES.get(autocast))
     if loaded.autocast is not None:
