@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import struct
 import termios
 import time
@@ -20,7 +21,7 @@ from local_test.server_process import (EXAMPLE_MODEL, ROOT, SERVE, HTTPProcess, 
 
 __all__ = ["EXAMPLE_MODEL", "ROOT", "SERVE", "HTTPProcess", "ServerProcess", "copy_model", "free_port",
            "start_all", "worker_pids", "descendants", "shm_held", "wait_until", "ws_url", "metric", "pending_requests",
-           "passes_and_records", "listening", "all_read", "outgoing", "signal_pending"]
+           "passes_and_records", "listening", "all_read", "outgoing", "signal_pending", "log_lines"]
 
 T = TypeVar("T")
 
@@ -168,3 +169,10 @@ def signal_pending(pid: int, signum: int) -> bool:
     with open(f"/proc/{pid}/status") as f:
         masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
     return any(mask >> (signum - 1) & 1 for mask in masks)
+
+
+def log_lines(log: str, level: str, message: str) -> list[str]:
+    """A text-format log's lines at that level whose message holds `message`, whichever of
+    the server's modules logged it: what is said is the contract, not where it is said."""
+    pattern = re.compile(rf" {level} smserve(?:\.\w+)*: .*{re.escape(message)}")
+    return [line for line in log.splitlines() if pattern.search(line)]

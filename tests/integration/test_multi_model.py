@@ -21,7 +21,7 @@ import pytest
 import requests
 import torch
 
-from tests.helpers.server import ServerProcess, pending_requests, start_all, wait_until, worker_pids
+from tests.helpers.server import ServerProcess, log_lines, pending_requests, start_all, wait_until, worker_pids
 from tests.helpers.models import echo_hooks, model_dir_with
 from tests.helpers.unsafe_archives import unsafe_export
 
@@ -309,8 +309,8 @@ def test_a_restarted_worker_loads_every_model_before_it_serves(servers, models):
         os.kill(victim, signal.SIGKILL)
         successor = wait_until(lambda: (worker_pids(server) - before), timeout=30).pop()
         # The successor loads 'a' before it takes a connection; from then on both answer.
-        assert wait_until(lambda: f"[{successor}] INFO smserve.engine.multimodel.server: multi-model: 'a' loaded"
-                          in server.log(), timeout=60)
+        assert wait_until(lambda: any(f"[{successor}]" in line
+                                      for line in log_lines(server.log(), "INFO", "multi-model: 'a' loaded")), timeout=60)
         codes = [invoke(server, "a").status_code for _ in range(40)]
         assert codes == [200] * 40
         r = requests.delete(server.url + "/models/a", timeout=30)

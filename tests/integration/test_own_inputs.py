@@ -23,7 +23,7 @@ import requests
 import torch
 from PIL import Image
 
-from tests.helpers.server import ROOT, ServerProcess, copy_model, passes_and_records, wait_until
+from tests.helpers.server import ROOT, ServerProcess, copy_model, log_lines, passes_and_records, wait_until
 
 JPEG, PNG, JSON, CSV, NPY = "image/jpeg", "image/png", "application/json", "text/csv", "application/x-npy"
 
@@ -237,7 +237,7 @@ def test_an_exception_in_input_fn_from_the_body_is_a_400_naming_the_hook_in_one_
     assert answer.json()["error"].startswith("input_fn rejected the body: RuntimeError: stack expects")
     logged = log_after(failing, mark, '"POST /invocations" 400')
     lines = [line for line in logged.splitlines() if "stack expects" in line]
-    assert len(lines) == 1 and " INFO smserve.routes.table: POST /invocations -> 400: input_fn" in lines[0], logged
+    assert len(lines) == 1 and log_lines(lines[0], "INFO", "POST /invocations -> 400: input_fn"), logged
     assert "Traceback" not in logged
 
 
