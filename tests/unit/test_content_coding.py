@@ -166,7 +166,7 @@ class ThreadedServer:
     def __init__(self, limit: int = 1 << 20):
         from gevent.threadpool import ThreadPool
 
-        from smserve.engine.runtime.pools import Pools
+        from smserve.engine.runtime.threads import Pools
 
         self.pool = ThreadPool(self.CODEC_THREADS)
         self.pools = Pools(self.pool, None, None)

@@ -1,4 +1,4 @@
-"""The inference thread's hand-off (engine/runtime/model_thread.py): a greenlet's call runs on one
+"""The inference thread's hand-off (engine/runtime/threads.py): a greenlet's call runs on one
 real thread, its result or exception comes back to that greenlet, and the loop keeps
 serving other greenlets meanwhile."""
 
@@ -9,7 +9,7 @@ import time
 import gevent
 import pytest
 
-from smserve.engine.runtime.model_thread import ModelThread
+from smserve.engine.runtime.threads import ModelThread
 
 
 def test_a_call_runs_on_the_thread_and_its_result_comes_back():

@@ -100,7 +100,7 @@ def test_model_code_runs_below_the_event_loops_cpu_priority():
     CPU first when forward passes keep a core busy."""
     import os
 
-    from smserve.engine.runtime.priority import INFERENCE_NICE
+    from smserve.engine.runtime.main_lane import INFERENCE_NICE
 
     loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     runner = Runner()
@@ -184,7 +184,7 @@ def test_a_loop_that_has_not_polled_lately_hands_the_pass_to_the_thread():
     """A run of inline passes must not keep /ping waiting: once the loop has gone
     INLINE_POLL_S without polling its sockets, the next pass goes to the thread (and
     the loop polls while it runs)."""
-    from smserve.engine.batching import inline as inline_module
+    from smserve.engine.runtime import main_lane as inline_module
 
     model = ThreadModel()
     runner = Runner()
@@ -214,7 +214,7 @@ def test_full_requests_read_in_one_turn_run_their_passes_back_to_back(together, 
         events.append("pass")
         return {"y": inputs["x"]}
 
-    from smserve.engine.batching import inline as inline_module
+    from smserve.engine.runtime import main_lane as inline_module
 
     # Every pass inline, however late a loaded machine runs this after the poll: a pass
     # on the thread would let a waiting greenlet's "answered" in between passes.
@@ -298,7 +298,7 @@ def test_a_pass_short_in_cpu_but_long_by_the_clock_is_kept_off_the_loop_after_a_
         time.sleep(0.03)  # a wait, not CPU
         return {"y": inputs["x"]}
 
-    from smserve.engine.batching import inline as inline_module
+    from smserve.engine.runtime import main_lane as inline_module
 
     runner = Runner()
     runner.start(waits, max_batch_size=0, inline_pass_s=0.01)

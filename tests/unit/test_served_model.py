@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from smserve.engine.multimodel.server import MultiModelServer
-from smserve.engine.runtime.pools import Slots
+from smserve.engine.runtime.threads import Slots
 from smserve.engine.worker.served import ServedModel, Serving
 from smserve.engine.worker.server import ModelServer
 from smserve.settings import Settings

@@ -63,7 +63,7 @@ def decode(body: bytes, header: str | None, limit: int, limit_setting: str, offl
     """The body with its content codings undone (unchanged when it has none), holding
     its room in the worker's ledger until the caller releases it. More than `limit`
     bytes of output is a 413. offload(size, fn, *args): runs fn on a codec thread when
-    size says it is big (engine/runtime/pools.Pools.offload)."""
+    size says it is big (engine/runtime/threads.Pools.offload)."""
     applied = codings(header)
     if not applied or not body:  # no body is no body, however it says it is coded
         return Inflated(body)

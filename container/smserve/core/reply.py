@@ -6,6 +6,7 @@ the other to name it.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -24,3 +25,12 @@ class Reply:
     @property
     def media(self) -> str:
         return self.headers.get("Content-Type", "")
+
+
+def is_stream(value) -> bool:
+    """A hook's result that is an iterator of items to send one by one (a predict_fn's
+    answer, a stream_fn's fragmented message), not one value: a generator, or anything
+    with __next__ that is not an array or a container."""
+    if isinstance(value, (str, bytes, bytearray, memoryview, dict, list, tuple)):
+        return False
+    return inspect.isgenerator(value) or (hasattr(value, "__next__") and not hasattr(value, "shape"))

@@ -9,7 +9,7 @@ from smserve.codecs import v2
 from smserve.core import media
 from smserve.core.inference import InferenceRequest
 from smserve.core.reply import Reply
-from smserve.engine.batching.batchable import is_stream
+from smserve.core.reply import is_stream
 from smserve.engine.worker.served import ServedModel
 from smserve.errors import NotAcceptable
 from smserve.protocols import streams

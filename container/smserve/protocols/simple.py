@@ -10,7 +10,7 @@ from smserve.codecs import records, simple, v2
 from smserve.core import media
 from smserve.core.inference import InferenceRequest
 from smserve.core.reply import Reply
-from smserve.engine.batching.batchable import is_stream
+from smserve.core.reply import is_stream
 from smserve.engine.worker.served import ServedModel
 from smserve.errors import BadRequest, NotAcceptable, ServerError
 from smserve.protocols.kserve_v2 import v2_reply

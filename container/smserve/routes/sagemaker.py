@@ -73,7 +73,7 @@ def invocation(server: ServedModel, plane: DataPlane, request: Request) -> Respo
 
 
 class DataPlane:
-    """One worker's: its settings, its codec offload (engine/runtime/pools.Pools.offload)
+    """One worker's: its settings, its codec offload (engine/runtime/threads.Pools.offload)
     and its ledger of inflated bodies (codecs/contentcoding.InflatedBytes)."""
 
     def __init__(self, settings: Settings, offload):

@@ -15,7 +15,7 @@ import logging
 import gevent
 from gevent import monkey
 
-from smserve.engine.batching.batchable import is_stream
+from smserve.core.reply import is_stream
 from smserve.engine.worker.served import ServedModel
 from smserve.errors import HTTPError
 from smserve.streaming.session import MAX_PENDING, CloseReason, Closing, Send, Session, SessionContext

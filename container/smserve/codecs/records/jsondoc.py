@@ -83,7 +83,7 @@ def parse_document(body: bytes, where: str = "request body", size: int | None = 
         found = numeric_records(body, size or slices.TEXT_BYTES)
         if found is not None:
             return _records_document(*found)
-        return parse(body, where)  # (no second whole-body C call: inputs.py converts it in slices)
+        return parse(body, where)  # (no second whole-body C call: simple.py converts it in slices)
     if not c_tried:
         found = c_records(body)
         if found is not None:
@@ -195,7 +195,7 @@ def _numeric_document(document, key: str | None):
     """`document` (a list of records, or an object holding them under `key`, whose body
     holds no string, object, null or true/false after the key) with its records as one
     float64 array, or None when they are empty, ragged or too deep for numpy: the
-    record-by-record path (codecs/inputs.py) then judges them, and names the error. An empty
+    record-by-record path (codecs/simple.py) then judges them, and names the error. An empty
     list is left alone: {"inputs": []} is a KServe v2 request."""
     # With no '"' after the key, the object has no other member (orjson has parsed it).
     values = document if key is None else document[key]

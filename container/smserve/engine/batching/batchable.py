@@ -19,7 +19,6 @@ and torch itself is reached through the tensor's own module only when one is joi
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -206,11 +205,3 @@ def join(parts: list, rows: Sequence[int]):
         joined = [item for part in parts for item in part]
         return type(first)(joined)
     raise Unsplittable(f"{_described(first)} cannot be joined along dimension 0")
-
-def is_stream(value) -> bool:
-    """A hook's result that is an iterator of items to send one by one (a predict_fn's
-    answer, a stream_fn's fragmented message), not one value: a generator, or anything
-    with __next__ that is not an array or a container."""
-    if isinstance(value, (str, bytes, bytearray, memoryview, dict, list, tuple)):
-        return False
-    return inspect.isgenerator(value) or (hasattr(value, "__next__") and not hasattr(value, "shape"))

@@ -1,8 +1,8 @@
 """Feeds the model from one real OS thread, batching requests that arrive together.
 
 HTTP I/O runs in gevent greenlets; a forward pass would stall them all, so model code
-runs on the inference thread (model_thread.py), or inline on the loop's own thread
-where engine/batching/inline.py allows it. Requests queue up for the batcher greenlet,
+runs on the inference thread (engine/runtime/threads.py), or inline on the loop's own thread
+where engine/runtime/main_lane.py allows it. Requests queue up for the batcher greenlet,
 whose next pass takes as many as fit in the model's max batch size, concatenated along
 dimension 0; one that fills a pass by itself and finds the model idle goes straight to
 a pass of its own.
@@ -27,13 +27,13 @@ from smserve import metrics
 from smserve.engine.batching import plan as batch_plan
 from smserve.engine.batching import batchable
 from smserve.engine.runtime import main_lane
-from smserve.engine.batching.inline import InlinePasses, timed
+from smserve.engine.runtime.main_lane import InlinePasses, timed
 from smserve.engine.batching.passes import (Arrays, Chunk, ChunkQueue, concatenate, cut, pass_rows, records_in, rows_of,
                                             split_outputs)
-from smserve.engine.batching.batchable import is_stream
+from smserve.core.reply import is_stream
 from smserve.errors import user_frames_first
-from smserve.engine.runtime.model_thread import ModelThread
-from smserve.engine.runtime.priority import poll_clock, yield_cpu_to_the_loop
+from smserve.engine.runtime.threads import ModelThread
+from smserve.engine.runtime.main_lane import poll_clock, yield_cpu_to_the_loop
 from smserve.errors import HTTPError, Named500, ServerError
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Runner:
         name: the model's, which labels its metrics. Whoever unloads the model later
         says so with `runner.stats.ready(False)`; its counters stay. inline_pass_s: a
         pass measured shorter than this runs on the loop's thread (0: never;
-        engine/batching/inline.py)."""
+        engine/runtime/main_lane.py)."""
         self.inline.limit_s = inline_pass_s
         if name is not None:
             self.stats = metrics.model(name)
@@ -255,7 +255,7 @@ class Runner:
 
     def _run_pass(self, rows: int, fn: Callable, args: tuple) -> tuple[float, object]:
         """fn(*args), a forward pass of `rows` records, and when it started: inline on the
-        loop's thread where engine/batching/inline.py admits it and no other thread holds
+        loop's thread where engine/runtime/main_lane.py admits it and no other thread holds
         the model (the loop never blocks on it), else on the inference thread."""
         if self.inline.admits(rows) and self.model_lock.acquire(False):
             try:

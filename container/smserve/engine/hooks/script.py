@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from smserve.engine.batching.batchable import is_stream
+from smserve.core.reply import is_stream
 from smserve.engine.hooks import toolkit
 from smserve.engine.model.artifacts import ModelLoadError
 from smserve.errors import BadRequest, HTTPError, ServerError, user_frames_first
@@ -155,6 +155,13 @@ class Hooks:
             return False
         self.returned_iterator = True
         return True
+
+    @property
+    def plain(self) -> bool:
+        """No hook stands between named arrays and the model's own forward: a pass is
+        TorchModel.run."""
+        return (self.input_fn is None and self.predict_fn is None and self.output_fn is None
+                and self.transform_fn is None)
 
     @property
     def handles_bytes(self) -> bool:

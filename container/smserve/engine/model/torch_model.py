@@ -100,10 +100,20 @@ class TorchModel:
     compiled: str = "off"
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The model's own forward pass on named arrays; named arrays back."""
+        """The model's own forward pass on named arrays; named arrays back. The runner's
+        pass for a model with no hooks around its forward (Hooks.plain)."""
         with converting("the model's input"):
             data = self.to_model_input(inputs)
-        return self.outputs_to_numpy(self.forward(data))
+        return self.arrays_of(self.forward(data))
+
+    def arrays_of(self, prediction) -> dict[str, np.ndarray]:
+        """A prediction as named numpy arrays, none of them a view of a staged input
+        buffer: an output that is a view of an input (an identity model on the CPU) must
+        not change under its request when the next pass reuses the buffer."""
+        outputs = self.outputs_to_numpy(prediction)
+        if self.staging is not None:
+            outputs = {k: v.copy() if self.staging.holds_any(v) else v for k, v in outputs.items()}
+        return outputs
 
     def forward(self, data):
         """The model's own forward pass on data: one tensor, or a dict (its tensors are

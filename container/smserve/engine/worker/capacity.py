@@ -3,7 +3,7 @@ session, hook, torch's) and batch transform's execution parameters."""
 
 from __future__ import annotations
 
-from smserve.engine.runtime.pools import Pools
+from smserve.engine.runtime.threads import Pools
 from smserve.engine.worker import hardware
 from smserve.settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
 

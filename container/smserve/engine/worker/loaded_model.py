@@ -22,7 +22,7 @@ import torch
 
 from smserve.errors import HTTPError, ServerError
 from smserve.engine.model import compiling
-from smserve.engine.batching import batchable, inline
+from smserve.engine.batching import batchable
 from smserve.engine.hooks import toolkit
 from smserve.engine.model.artifacts import ModelLoadError
 from smserve.engine.model.torch_model import (AUTOCAST_DTYPES, TorchModel, converting, load_model_file,
@@ -30,7 +30,8 @@ from smserve.engine.model.torch_model import (AUTOCAST_DTYPES, TorchModel, conve
 from smserve.engine.model.torch_model import choose_device as choose_device  # (the worker's server finds it here)
 from smserve.engine.hooks.script import Hooks, load_hooks, missing_package_hint, run_load_hook
 from smserve.core.metadata import ModelMetadata
-from smserve.engine.runtime.priority import yield_cpu_to_the_loop
+from smserve.engine.runtime import main_lane
+from smserve.engine.runtime.main_lane import yield_cpu_to_the_loop
 from smserve.engine.model.staging import HostStaging
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ class LoadedModel(TorchModel):
 
     @property
     def may_run_inline(self) -> bool:
-        """Its forward passes may run on the event loop's thread (engine/batching/inline.py)."""
-        return inline.model_allows(cpu=self.device.type == "cpu" and self.staging is None,
+        """Its forward passes may run on the event loop's thread (engine/runtime/main_lane.py)."""
+        return main_lane.model_allows(cpu=self.device.type == "cpu" and self.staging is None,
                                    own_forward=self.hooks.predict_fn is None,
                                    compiled=self.compiled not in ("off", "failed"),
                                    torch_threads=torch.get_num_threads())
@@ -82,12 +83,7 @@ class LoadedModel(TorchModel):
             return self.outputs_to_numpy(prediction)
         if self.hooks.streamed(prediction) or (raw and self.hooks.output_fn is not None):
             return prediction
-        outputs = self.outputs_to_numpy(prediction)
-        if self.staging is not None:
-            # An output that is a view of an input (an identity model on the CPU) must
-            # not change under its request when the next pass reuses the buffer.
-            outputs = {k: v.copy() if self.staging.holds_any(v) else v for k, v in outputs.items()}
-        return outputs
+        return self.arrays_of(prediction)
 
     def predict_data(self, data, context=None):
         """The user's predict_fn on data, under autocast where asked, else the model's own forward."""

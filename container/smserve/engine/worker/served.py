@@ -13,7 +13,7 @@ from smserve.core.metadata import ModelMetadata
 from smserve.engine.batching.runner import Runner
 from smserve.engine.hooks.chain import HookChain
 from smserve.engine.hooks.context import HookContexts
-from smserve.engine.runtime.pools import Pools, Slots
+from smserve.engine.runtime.threads import Pools, Slots
 from smserve.engine.sessions.store import SessionTable
 from smserve.settings import Settings
 

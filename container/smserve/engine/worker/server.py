@@ -1,7 +1,7 @@
 """One worker's served model: loads the model off the event loop and runs requests.
 
 No Flask here: the routes call these methods (engine/worker/served.ServedModel) and turn
-their exceptions into responses. The threads it shares are engine/runtime/pools.py's, its
+their exceptions into responses. The threads it shares are engine/runtime/threads.py's, its
 hooks' contexts engine/hooks/context.py's, its sessions' hooks engine/sessions/hooks.py's.
 """
 
@@ -21,7 +21,7 @@ from smserve.engine.hooks import toolkit
 from smserve.engine.hooks.chain import HookChain
 from smserve.engine.hooks.context import HookContexts
 from smserve.engine.model.artifacts import ModelLoadError
-from smserve.engine.runtime.pools import Pools, Slots
+from smserve.engine.runtime.threads import Pools, Slots
 from smserve.engine.sessions.store import SessionTable
 from smserve.engine.worker import capacity, hardware, lifecycle, readiness
 from smserve.engine.worker.served import FAILED, LOADING, NO_TRAITS, READY, ModelTraits
@@ -99,7 +99,8 @@ class ModelServer:
         max_batch = batching.max_batch
         self.runner.trial = batch_plan.Trial() if batching.trial else None
         inline_s = self.settings.inline_pass_ms / 1000.0 if self.model.may_run_inline else 0.0
-        self.runner.start(self.model.predict, max_batch, stage=self.model.stage,
+        predict = self.model.run if self.model.hooks.plain else self.model.predict
+        self.runner.start(predict, max_batch, stage=self.model.stage,
                           name=self.name or self.model.metadata.name, inline_pass_s=inline_s)
         if self.name is None:
             # (Not for a multi-model load: a frozen model could never be freed by an unload.)
