@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "container"))
-from smserve.engine.hooks.toolkit import text_body  # noqa: E402
+from smserve.toolkit import text_body  # noqa: E402
 
 
 def median_s(fn, rounds: int) -> float:

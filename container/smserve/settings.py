@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from smserve import toolkit
 from smserve import variables as parse
 # MAX_TRANSFORM_BUDGET_MB is also read from here, as one of the limits a setting keeps within.
 from smserve.variables import MAX_BATCH_DELAY_MS, MAX_TRANSFORM_BUDGET_MB  # noqa: F401
@@ -126,8 +127,8 @@ class Settings:
     metrics: bool = True
     # The model's script in its code/ folder, as the SageMaker SDK's entry_point names
     # it; SAGEMAKER_SUBMIT_DIRECTORY may hold it instead, where that is a local folder
-    # (engine/hooks/toolkit.py).
-    program: str = "inference.py"
+    # (smserve/toolkit.py).
+    program: str = toolkit.DEFAULT_PROGRAM
     submit_directory: str | None = None
     # Set by `serve` and the container runtime, not by users (_RUNTIME): the workers'
     # shared folder for ready markers and multi-model state, prometheus_client's
@@ -297,18 +298,6 @@ _RUNTIME: dict[str, tuple[str, bool]] = {
     "cuda_visible_devices": ("CUDA_VISIBLE_DEVICES", True),
     "nvidia_visible_devices": ("NVIDIA_VISIBLE_DEVICES", True),
 }
-TOOLKIT_PREFIX = "SAGEMAKER_TS_"
-# The PyTorch containers' settings that have no counterpart here, and what does that work.
-_TOOLKIT_UNUSED = {
-    "SAGEMAKER_TS_MIN_WORKERS": "SAGEMAKER_MODEL_SERVER_WORKERS (a fixed worker count; default one per GPU)",
-    "SAGEMAKER_TS_MAX_WORKERS": "SAGEMAKER_MODEL_SERVER_WORKERS (a fixed worker count; default one per GPU)",
-    "SAGEMAKER_TS_DEFAULT_WORKERS_PER_MODEL": "SAGEMAKER_MODEL_SERVER_WORKERS",
-    "SAGEMAKER_TS_MAX_REQUEST_SIZE": f"{PREFIX}MAX_REQUEST_MB (SAGEMAKER_MAX_PAYLOAD_IN_MB in batch transform)",
-    "SAGEMAKER_TS_MAX_RESPONSE_SIZE": "nothing: answers have no size limit",
-    # sagemaker-inference's, for its Java model servers.
-    "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS": "SAGEMAKER_MODEL_SERVER_TIMEOUT (seconds an answer may take)",
-    "SAGEMAKER_MODEL_SERVER_VMARGS": "nothing: this server runs no JVM",
-}
 
 
 def toolkit_notes(env: Mapping[str, str] | None = None) -> list[str]:
@@ -317,13 +306,13 @@ def toolkit_notes(env: Mapping[str, str] | None = None) -> list[str]:
     for each toolkit value this server takes otherwise than it is written (clamped)."""
     env = os.environ if env is None else env
     notes = []
-    toolkits = sorted(v for v in env if (v.startswith(TOOLKIT_PREFIX) or v in _TOOLKIT_UNUSED or v in _CLAMPED)
+    toolkits = sorted(v for v in env if (v.startswith(toolkit.TS_PREFIX) or v in toolkit.TS_UNUSED or v in _CLAMPED)
                       and env[v].strip())
     for variable in toolkits:
         raw = env[variable].strip()
         field = next((f for f, (name, _) in _FALLBACKS.items() if name == variable), None)
-        if variable in _TOOLKIT_UNUSED or (field is None and variable.startswith(TOOLKIT_PREFIX)):
-            instead = _TOOLKIT_UNUSED.get(variable, "see docs/migrating.md for this server's settings")
+        if variable in toolkit.TS_UNUSED or (field is None and variable.startswith(toolkit.TS_PREFIX)):
+            instead = toolkit.TS_UNUSED.get(variable, "see docs/migrating.md for this server's settings")
             notes.append(f"{variable} is not used by this server; instead: {instead}")
             continue
         ours = _VARIABLES[field][0] if field is not None else variable

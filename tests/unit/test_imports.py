@@ -88,7 +88,7 @@ def test_no_module_of_the_server_imports_itself_back():
 LAYERS = {
     "errors": 0, "files": 0, "memo": 0, "": 0,
     "core": 1,
-    "settings": 2, "variables": 2, "logs": 2, "metrics": 2,
+    "settings": 2, "variables": 2, "toolkit": 2, "logs": 2, "metrics": 2,
     "codecs": 3,
     "engine": 4, "engine.runtime": 4,
     "engine.model": 5,

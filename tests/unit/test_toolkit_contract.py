@@ -12,7 +12,7 @@ import torch
 
 from smserve.engine.model import artifacts
 from smserve.engine.worker import loaded_model
-from smserve.engine.hooks import toolkit
+from smserve import toolkit
 from smserve.engine.model.artifacts import ModelLoadError
 from smserve.engine.hooks.script import Hooks, load_hooks
 from smserve.errors import BadRequest

@@ -17,7 +17,7 @@ import logging
 
 from smserve.engine.batching import batchable
 from smserve.engine.runtime import main_lane
-from smserve.engine.hooks import toolkit
+from smserve import toolkit
 from smserve.engine.hooks.script import hook_error
 from smserve.engine.batching.passes import records_in
 

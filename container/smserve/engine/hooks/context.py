@@ -3,7 +3,7 @@ hooks): the model's device and the toolkit's system_properties, made once per mo
 
 from __future__ import annotations
 
-from smserve.engine.hooks import toolkit
+from smserve import toolkit
 
 
 class HookContexts:

@@ -305,7 +305,7 @@ def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool, work
 
         torch.set_num_threads(1)  # a request's hook, per process: the cores are the processes'
         from smserve.core.context import RequestContext
-        from smserve.engine.hooks import toolkit
+        from smserve import toolkit
         from smserve.engine.hooks.script import load_hooks
         from smserve.settings import Settings
 
@@ -348,7 +348,7 @@ def _answer(hooks, hook: str, args: tuple, context, held: list[int]) -> tuple:
         if hook == "output_fn":
             args = (restored(args[0]), args[1])
         elif hook == "input_fn":  # decoded here, off the worker's GIL
-            from smserve.engine.hooks import toolkit  # imported by _serve already: a look-up
+            from smserve import toolkit  # imported by _serve already: a look-up
 
             args = (toolkit.text_body(args[0], args[1], hooks.named(hook)), args[1])
         value = function(*args, context) if context is not None else function(*args)

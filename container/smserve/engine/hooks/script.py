@@ -1,10 +1,10 @@
 """The SageMaker PyTorch inference hooks a model may bring in `code/inference.py` (or the
-script `SAGEMAKER_PROGRAM` names: engine/hooks/toolkit.py).
+script `SAGEMAKER_PROGRAM` names: smserve/toolkit.py).
 
 `model_fn(model_dir)`, `input_fn(body, content_type)`, `predict_fn(data, model)`,
 `output_fn(prediction, accept)`: each one defined replaces that built-in step, as in
 the SageMaker PyTorch serving toolkit users already know; so do its `transform_fn`,
-`pre_model_fn` and `model_warmup_fn` (engine/hooks/toolkit.py). Two more are this project's:
+`pre_model_fn` and `model_warmup_fn` (smserve/toolkit.py). Two more are this project's:
 a predict_fn that returns an iterator (a generator function's, or any other) streams its
 answer (protocols/streams.py), and `stream_fn(messages, model, context)` serves a
 bidirectional WebSocket session with state kept for the life of the connection
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from smserve.core.reply import is_stream
-from smserve.engine.hooks import toolkit
+from smserve import toolkit
 from smserve.engine.model.artifacts import ModelLoadError
 from smserve.errors import BadRequest, HTTPError, ServerError, user_frames_first
 
@@ -68,7 +68,7 @@ class Hooks:
     # close_session(state, context) lets it go.
     open_session: Callable | None = None
     close_session: Callable | None = None
-    # The toolkit's (engine/hooks/toolkit.py): transform_fn stands for input_fn, predict_fn and
+    # The toolkit's (smserve/toolkit.py): transform_fn stands for input_fn, predict_fn and
     # output_fn together (made from it here); the other two run once, around model_fn.
     transform_fn: Callable | None = None
     pre_model_fn: Callable | None = None

@@ -16,10 +16,10 @@ import pickletools
 import tokenize
 import zipfile
 
+from smserve import toolkit
+
 EXPORTED = "model.pt2"
 TORCHSCRIPT = "model.pt"
-# A folder's only file with one of these endings is its TorchScript model, as AWS's toolkit loads it.
-LONE_SUFFIXES = (".pt", ".pth")
 
 # The two forms that load without the model's Python class.
 SAVE_FORMS = (
@@ -99,15 +99,14 @@ def check(path: str) -> None:
     raise ModelLoadError(f"{path} is empty: {SAVE_IT_RIGHT}")
 
 
-def torchscript_file(model_dir: str, script: str = "code/inference.py") -> str | None:
+def torchscript_file(model_dir: str, script: str = f"{toolkit.CODE_DIR}/{toolkit.DEFAULT_PROGRAM}") -> str | None:
     """The TorchScript file to serve: model.pt, else, as AWS's PyTorch toolkit loads
     one, the folder's only *.pt or *.pth file (None: there is none). It must still
     prove TorchScript (check): a pickled .pth is refused, never unpickled."""
     path = os.path.join(model_dir, TORCHSCRIPT)
     if os.path.isfile(path):
         return path
-    found = sorted(name for name in os.listdir(model_dir)
-                   if name.endswith(LONE_SUFFIXES) and os.path.isfile(os.path.join(model_dir, name)))
+    found = toolkit.lone_model_files(model_dir)
     if len(found) > 1:
         raise ModelLoadError(f"{model_dir} holds {len(found)} model files ({', '.join(found[:5])}) and no {TORCHSCRIPT}: "
                              f"name the one to serve {TORCHSCRIPT}, or load them in {script}'s model_fn(model_dir)")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import os
 
-from smserve.engine.hooks.toolkit import CODE_DIR, DEFAULT_PROGRAM
-from smserve.engine.model.artifacts import EXPORTED, LONE_SUFFIXES, TORCHSCRIPT
+from smserve.toolkit import CODE_DIR, DEFAULT_PROGRAM, LONE_SUFFIXES
+from smserve.engine.model.artifacts import EXPORTED, TORCHSCRIPT
 from smserve.engine.multimodel.registry import SharedRegistry
 from smserve.engine.runtime import memory
 from smserve.errors import BadRequest, InsufficientStorage, NotFound

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from smserve import toolkit
 from smserve.settings import Settings
 
 GIB = 1 << 30
@@ -68,8 +69,8 @@ def model_bytes(model_dir: str) -> int:
     """Bytes of the model's files (its code/ folder aside): a stand-in for its weights."""
     total = 0
     for root, dirs, files in os.walk(model_dir):
-        if root == model_dir and "code" in dirs:
-            dirs.remove("code")
+        if root == model_dir and toolkit.CODE_DIR in dirs:
+            dirs.remove(toolkit.CODE_DIR)
         for name in files:
             try:
                 total += os.path.getsize(os.path.join(root, name))

@@ -23,7 +23,7 @@ import torch
 from smserve.errors import HTTPError, ServerError
 from smserve.engine.model import compiling
 from smserve.engine.batching import batchable
-from smserve.engine.hooks import toolkit
+from smserve import toolkit
 from smserve.engine.model.artifacts import ModelLoadError
 from smserve.engine.model.torch_model import (AUTOCAST_DTYPES, TorchModel, converting, load_model_file,
                                               with_platform)

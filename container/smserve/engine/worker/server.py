@@ -17,7 +17,7 @@ import numpy as np
 from smserve import metrics
 from smserve.engine.batching import plan as batch_plan
 from smserve.engine.batching.runner import Runner
-from smserve.engine.hooks import toolkit
+from smserve import toolkit
 from smserve.engine.hooks.chain import HookChain
 from smserve.engine.hooks.context import HookContexts
 from smserve.engine.model.artifacts import ModelLoadError

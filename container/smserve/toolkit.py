@@ -1,5 +1,7 @@
-"""The parts of the SageMaker PyTorch inference toolkit's hook contract that are not ours
-by birth, so that a script written for AWS's PyTorch containers runs here unchanged:
+"""AWS's SageMaker PyTorch inference toolkit's contract, in one module: the parts that are
+not ours by birth, so that a script written for AWS's PyTorch containers runs here
+unchanged (engine/hooks/ calls the hooks by these rules; settings.py, serve and the
+model's loading read the constants):
 
 - which script: `SAGEMAKER_PROGRAM` (what the SDK's `entry_point` sets) names it, in the
   model's `code/` folder, else in `SAGEMAKER_SUBMIT_DIRECTORY` where that is a local folder;
@@ -16,9 +18,11 @@ by birth, so that a script written for AWS's PyTorch containers runs here unchan
 - what output_fn and transform_fn may answer, written as TorchServe writes it: bytes as
   they are, a str as UTF-8, a tensor torch.save'd, anything else as JSON; or a
   (body, content type) tuple;
-- what a hook raises as sagemaker_inference's own errors: the status they carry.
+- what a hook raises as sagemaker_inference's own errors: the status they carry;
+- with no model_fn and no model.pt, the folder's lone *.pt or *.pth file is the model;
+- the SAGEMAKER_TS_* settings: which have a counterpart here, which none.
 
-No torch here: the gunicorn master reads the script's location too.
+No torch, and nothing above core/: the gunicorn master and settings.py read it too.
 """
 
 from __future__ import annotations
@@ -35,6 +39,24 @@ from smserve.errors import BadRequest, HTTPError
 
 DEFAULT_PROGRAM = "inference.py"
 CODE_DIR = "code"
+# The model file the toolkit loads when the script has no model_fn and there is no
+# model.pt: the folder's only file with one of these endings.
+LONE_SUFFIXES = (".pt", ".pth")
+# The PyTorch containers' (TorchServe's) settings: SAGEMAKER_TS_*. settings.py reads the
+# ones with a counterpart here (SAGEMAKER_TS_BATCH_SIZE, _MAX_BATCH_DELAY,
+# _RESPONSE_TIMEOUT) and says at start what became of each one set.
+TS_PREFIX = "SAGEMAKER_TS_"
+# Those that have no counterpart here, and what does that work.
+TS_UNUSED = {
+    "SAGEMAKER_TS_MIN_WORKERS": "SAGEMAKER_MODEL_SERVER_WORKERS (a fixed worker count; default one per GPU)",
+    "SAGEMAKER_TS_MAX_WORKERS": "SAGEMAKER_MODEL_SERVER_WORKERS (a fixed worker count; default one per GPU)",
+    "SAGEMAKER_TS_DEFAULT_WORKERS_PER_MODEL": "SAGEMAKER_MODEL_SERVER_WORKERS",
+    "SAGEMAKER_TS_MAX_REQUEST_SIZE": "SMSERVE_MAX_REQUEST_MB (SAGEMAKER_MAX_PAYLOAD_IN_MB in batch transform)",
+    "SAGEMAKER_TS_MAX_RESPONSE_SIZE": "nothing: answers have no size limit",
+    # sagemaker-inference's, for its Java model servers.
+    "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS": "SAGEMAKER_MODEL_SERVER_TIMEOUT (seconds an answer may take)",
+    "SAGEMAKER_MODEL_SERVER_VMARGS": "nothing: this server runs no JVM",
+}
 # The Content-Types whose body the toolkit hands input_fn and transform_fn as a str
 # (sagemaker_inference.content_types.UTF8_TYPES, compared whole, parameters and all).
 UTF8_TYPES = (media.JSON, media.CSV)
@@ -213,3 +235,10 @@ def error_status(error: BaseException, hook: str) -> HTTPError | None:
         return None
     status = error.status_code if isinstance(error.status_code, int) and 400 <= error.status_code < 600 else 500
     return HTTPError(f"{hook}: {error.message}", status)
+
+
+def lone_model_files(model_dir: str) -> list[str]:
+    """The folder's files the toolkit would take for the model when there is no model.pt,
+    sorted: its *.pt and *.pth files (one is the model; more are an error to name)."""
+    return sorted(name for name in os.listdir(model_dir)
+                  if name.endswith(LONE_SUFFIXES) and os.path.isfile(os.path.join(model_dir, name)))
