@@ -133,7 +133,7 @@ class Settings:
     # Set by `serve` and the container runtime, not by users (_RUNTIME): the workers'
     # shared folder for ready markers and multi-model state, prometheus_client's
     # multiprocess folder (None: single-process metrics), and the GPUs this container
-    # may use as the runtime lists them (None: unset; engine/hardware.gpu_count).
+    # may use as the runtime lists them (None: unset; engine/worker/hardware.gpu_count).
     state_dir: str | None = None
     metrics_dir: str | None = None
     cuda_visible_devices: str | None = None

@@ -21,8 +21,8 @@ def generated_code(model) -> set[str]:
 def clear_torch_caches(generated: set[str]) -> None:
     """What torch keeps of every model ever loaded, for good, let go of at its unload.
     Each is small, but a multi-model endpoint loads thousands of distinct models, and
-    every later collection (an unload's, on the loop) walked all of it: over a 200-model
-    rotation an unload's collection grew 9 -> 24 ms, ~100 objects a model.
+    every later collection (an unload's, on the loop) would walk all of it, longer with
+    each model the worker ever had.
     - torch.fx registers each generated module's source in `linecache` and its own
       cache (`generated`, this model's): source for tracebacks of a model now gone.
     - torch.export.load runs each program on fake tensors with symbolic shapes:

@@ -2,8 +2,8 @@
 
 torch.export.load reads each weight with one call into C++ (PyTorchFileReader's
 get_storage_from_record) that holds the GIL while it copies the record out of the
-file: ~65 ms per 100 MB on the development machine, during which the worker's event
-loop cannot answer anything, /ping included (a multi-model endpoint loads while it
+file, for as long as the weight is big, during which the worker's event loop cannot
+answer anything, /ping included (a multi-model endpoint loads while it
 serves; a GB-sized weight would hold it past SageMaker's 2 s). Here each weight's
 record is read instead with os.preadv into the tensor's own memory, in 4 MB pieces:
 the copy and the page faults happen in the kernel, GIL released, and the loop runs
