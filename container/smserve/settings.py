@@ -30,6 +30,8 @@ COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autot
 # SageMaker's MaxPayloadInMB when a job sets none.
 DEFAULT_PAYLOAD_MB = 6
 MB = 1024 * 1024
+# SMSERVE_MAX_REQUEST_MB's default: the largest body a server with no settings takes.
+DEFAULT_MAX_REQUEST_MB = 100
 
 
 class SettingsError(ValueError):
@@ -62,7 +64,7 @@ class Settings:
     # The server's own request body limit: real-time, and in a batch job whose
     # MaxPayloadInMB is 0 (SageMaker's own real-time cap is lower, so the container is
     # never the one to refuse a request SageMaker accepted).
-    max_request_mb: int = 100
+    max_request_mb: int = DEFAULT_MAX_REQUEST_MB
     # Dynamic batching: most samples in one forward pass (None: the model's
     # max_batch_size) and how long the first request of a batch may wait for company.
     max_batch_size: int | None = None

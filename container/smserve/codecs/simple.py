@@ -40,7 +40,7 @@ from smserve.codecs.limits import MAX_DIMS
 from smserve.core.media import ALIASES, CSV, JSON, JSONLINES, MEDIA_TYPES, NPY, NPZ, REQUEST_TYPES, media_type  # noqa: F401
 from smserve.errors import BadRequest, NotAcceptable
 from smserve.core.metadata import ModelMetadata, TensorSpec
-from smserve.settings import Settings
+from smserve.settings import DEFAULT_MAX_REQUEST_MB, MB
 
 # Keys of a JSON object that hold the records, as the SageMaker and TF Serving
 # conventions name them.
@@ -77,7 +77,7 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata, max_bytes: i
                              f'{{"inputs": {{"<name>": [...], ...}}}}')
         return shape_inputs(npy.read(body), metadata)
     if kind == NPZ:
-        arrays = npz.read(body, max_bytes if max_bytes is not None else Settings().max_body_bytes)
+        arrays = npz.read(body, max_bytes if max_bytes is not None else DEFAULT_MAX_REQUEST_MB * MB)
         if len(arrays) == 1 and len(metadata.inputs) <= 1:
             # One array is the one input, whatever np.savez named it (arr_0 when unnamed).
             return shape_inputs(next(iter(arrays.values())), metadata)
