@@ -128,13 +128,15 @@ class GeventModelWorker(ExchangeWorker):
             sys.exit(0)
 
     def load_wsgi(self):
-        # Index (pre_fork) and count from gunicorn, settings read once; wsgi_app's create_app() wraps this server.
-        from smserve.routes import app
+        # The worker's composition root: its index (pre_fork) and count from gunicorn, the
+        # settings the master read, the model server and the route table made here, and
+        # wsgi_app's create_app() serving the same two.
+        from smserve.routes import app, endpoints
 
         self.model_server = app.start_server(self.settings, getattr(self, "smserve_index", 0), self.cfg.workers)
-        with app.serving(self.settings, self.model_server):
+        self.routes: RouteTable = endpoints.build(self.model_server, self.settings)
+        with app.serving(self.settings, self.model_server, self.routes):
             super().load_wsgi()
-        self.routes: RouteTable = self.wsgi.extensions["smserve.routes"]
 
     # ------------------------------------------------------------ main loop
 

@@ -42,15 +42,16 @@ def start_server(settings: Settings, worker_index: int = 0, workers: int | None 
     return server
 
 
-# The gunicorn worker's settings and model server while gunicorn loads its wsgi_app
-# (`serving`): create_app() there uses them, whether gunicorn or a user's factory calls it.
-_worker: tuple[Settings, Serving] | None = None
+# The gunicorn worker's settings, model server and route table while gunicorn loads its
+# wsgi_app (`serving`): create_app() there serves them, whether gunicorn or a user's
+# factory calls it.
+_worker: tuple[Settings, Serving, RouteTable] | None = None
 
 
 @contextmanager
-def serving(settings: Settings, server: Serving) -> Iterator[None]:
+def serving(settings: Settings, server: Serving, table: RouteTable) -> Iterator[None]:
     global _worker
-    _worker = (settings, server)
+    _worker = (settings, server, table)
     try:
         yield
     finally:
@@ -61,8 +62,9 @@ def create_app(settings: Settings | None = None, server: Serving | None = None, 
                worker_index: int = 0, workers: int | None = None) -> flask.Flask:
     """The Flask app over a model server: the one given, the gunicorn worker's (`serving`),
     or one started here (worker_index, workers: which worker of how many this is)."""
+    table = None
     if settings is None and server is None and _worker is not None:
-        settings, server = _worker
+        settings, server, table = _worker
     settings = settings or Settings.from_env()
     if server is None:
         server = start_server(settings, worker_index, workers)
@@ -71,7 +73,7 @@ def create_app(settings: Settings | None = None, server: Serving | None = None, 
     app = flask.Flask("smserve")
     # Werkzeug refuses a larger body with 413 from Content-Length, before reading it.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    table = endpoints.build(server, settings)
+    table = table or endpoints.build(server, settings)
     app.extensions["smserve"] = server
     app.extensions["smserve.routes"] = table
     for route in table.routes:
