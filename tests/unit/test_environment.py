@@ -13,7 +13,7 @@ from smserve.engine.worker import hardware
 from smserve.settings import Settings, child_environment
 
 PACKAGE = Path(__file__).resolve().parents[2] / "container" / "smserve"
-ALLOWED = {"settings.py", "http/gunicorn_conf.py"}
+ALLOWED = {"settings.py"}
 READS = re.compile(r"os\.environ|getenv\(|from\s+os\s+import[^\n]*environ")
 
 
