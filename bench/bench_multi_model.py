@@ -27,7 +27,7 @@ client (`hey`, apt-get install hey: one digit a request):
 unload; digits, then the big model in each form), then ROOM loads one after another and their unloads one after another, each
 with its /ping p50/p99/max (no single-model server, no hey, no rotation).
 
-Prints one table; the figures for this machine are in docs/performance.md.
+Prints one table; the figures for this machine are in bench/RESULTS.md.
 """
 
 from __future__ import annotations

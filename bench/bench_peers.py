@@ -61,7 +61,8 @@ run on one machine.
 Prints one table: req/s, p50/p99 latency, non-200 answers (and connection errors), our
 server's /ping p99 under that load (a GET every 50 ms on a kept-alive connection, as
 SageMaker's health check), and the ratio to the ceiling, the bare Flask peer and PyTriton.
-It asserts nothing about speed; measured figures are in docs/performance.md.
+It asserts nothing about speed; the current figures are in docs/performance.md (Figures), dated ones in
+bench/RESULTS.md.
 """
 
 from __future__ import annotations

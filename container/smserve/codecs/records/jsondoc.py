@@ -28,7 +28,7 @@ from smserve.errors import BadRequest
 RECORD_KEYS = ("instances", "inputs", "features", "data")
 # Bodies smaller than this are parsed in one call: for a realistic batch slicing costs
 # more than it saves, and one call on this much holds the GIL well within /ping's
-# budget (docs/performance.md has the figures).
+# budget (bench/RESULTS.md has the figures).
 SLICED_JSON_MIN_BYTES = 1024 * 1024
 
 # Bytes of a JSON text that holds only numbers, commas, brackets and whitespace.
