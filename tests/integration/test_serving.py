@@ -287,10 +287,12 @@ def test_a_model_that_fails_to_load_makes_ping_500(make_server, tmp_path):
             response = requests.get(server.url + "/ping", timeout=2)
         except requests.ConnectionError:
             return None
-        return response if response.status_code != 503 else None
+        # (In a list: requests makes a 5xx response false, and wait_until waits for true.)
+        return [response] if response.status_code != 503 else None
 
-    response = wait_until(settled, timeout=60, interval=0.2)
-    assert response is not None, "/ping still says loading"
+    found = wait_until(settled, timeout=60, interval=0.2)
+    assert found, "/ping still says loading"
+    (response,) = found
     assert_error(response, 500, "failed to load")
     assert "model failed to load" in server.log()
 
