@@ -456,3 +456,25 @@ def test_a_request_past_its_deadline_leaves_the_queue_and_lets_its_inputs_go_bef
     after = runner.infer({"x": np.ones((1, 3), np.float32)})
     np.testing.assert_array_equal(after["y"], np.full((1, 3), 2, np.float32))
     assert model.batches == [1, 1], model.batches  # the first request's pass and the one after: none for the late
+
+
+def test_an_answered_batch_leaves_nothing_referenced_while_the_batcher_waits():
+    """A request's outputs are its own once answered: the batcher, waiting for the next
+    request, holds nothing of the last batch (a value mapped from shared memory, say,
+    would keep its file until some later request came)."""
+    outputs = []
+
+    class Model:
+        def __call__(self, inputs):
+            y = inputs["x"] * 2
+            outputs.append(weakref.ref(y))
+            return {"y": y}
+
+    runner = Runner()
+    runner.start(Model(), max_batch_size=8)
+    answers = [job.value for job in run_concurrently(runner, [np.ones((1, 3), np.float32)] * 3)]
+    assert [a["y"].tolist() for a in answers] == [[[2.0] * 3]] * 3
+    del answers
+    gevent.sleep(0)  # the batcher is back in its wait
+    gc.collect()
+    assert outputs and [ref() for ref in outputs] == [None] * len(outputs)

@@ -269,15 +269,19 @@ class Runner:
     # ------------------------------------------------------------ the batcher
 
     def _batch_loop(self) -> None:
+        # (One batch a call: nothing of the last batch stays referenced while the loop
+        # waits for the next, so a request's values go with it.)
         while True:
-            first = self._queue.first()
-            self._waiting = first  # (not idle: a full request read meanwhile queues behind it)
-            try:
-                with self._gate:  # a lone request's pass ends first; what queued meanwhile joins
-                    self._waiting = None
-                    self._gather_and_run(first)
-            finally:
+            self._next_batch(self._queue.first())
+
+    def _next_batch(self, first: Chunk) -> None:
+        self._waiting = first  # (not idle: a full request read meanwhile queues behind it)
+        try:
+            with self._gate:  # a lone request's pass ends first; what queued meanwhile joins
                 self._waiting = None
+                self._gather_and_run(first)
+        finally:
+            self._waiting = None
 
     def _gather_and_run(self, first: Chunk) -> None:
         # (A trial that ended meanwhile: the requests it left in the queue run alone too.)
