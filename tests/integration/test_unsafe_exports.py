@@ -21,6 +21,10 @@ def test_a_pickled_weight_fails_the_load_and_runs_nothing(tmp_path, make_server)
     unsafe_export(tmp_path / "model", "pickled_weight", marker)
     server = make_server(tmp_path / "model", wait=False)
     assert wait_until(lambda: _ping(server) == 500, timeout=120)
-    log = server.log()
+    def logged() -> str:  # /ping may say 500 before the worker's log writer has written the line
+        text = server.log()
+        return text if "model failed to load" in text else ""
+
+    log = wait_until(logged)
     assert "model failed to load" in log and "'linear.bias'" in log and "never unpickles" in log, log
     assert not marker.exists()
