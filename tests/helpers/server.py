@@ -20,7 +20,7 @@ from local_test.server_process import (EXAMPLE_MODEL, ROOT, SERVE, HTTPProcess, 
                                        free_port)
 
 __all__ = ["EXAMPLE_MODEL", "ROOT", "SERVE", "HTTPProcess", "ServerProcess", "copy_model", "free_port",
-           "start_all", "worker_pids", "descendants", "shm_held", "wait_until", "ws_url", "metric", "pending_requests",
+           "start_all", "logged", "worker_pids", "descendants", "shm_held", "wait_until", "ws_url", "metric", "pending_requests",
            "passes_and_records", "listening", "all_read", "outgoing", "signal_pending", "log_lines"]
 
 T = TypeVar("T")
@@ -101,6 +101,12 @@ def wait_until(probe: Callable[[], T], timeout: float = 10, interval: float = 0.
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
+
+
+def logged(server: ServerProcess, text: str, timeout: float = 10) -> bool:
+    """Whether the server's log says text, within timeout: a worker writes its lines from
+    a thread of its own, and may write one after the client has had its answer."""
+    return bool(wait_until(lambda: text in server.log(), timeout=timeout))
 
 
 def ws_url(server: ServerProcess, query: str = "", path: str = "/invocations-bidirectional-stream") -> str:

@@ -17,7 +17,7 @@ import pytest
 import requests
 import torch
 
-from tests.helpers.server import ServerProcess, passes_and_records, start_all
+from tests.helpers.server import ServerProcess, passes_and_records, start_all, logged
 from tests.helpers.models import model_dir_with
 
 JSON = "application/json"
@@ -100,7 +100,7 @@ def assert_unbatched_answers(name, sent, answers):
 @pytest.mark.parametrize("name", ["no_predict_fn", "tensor", "listed"])
 def test_concurrent_requests_share_passes_and_get_their_unbatched_answers(servers, name):
     server = servers[name]
-    assert "batching: on, on trial: up to 8 records a pass (SAGEMAKER_TS_BATCH_SIZE" in server.log()
+    assert logged(server, "batching: on, on trial: up to 8 records a pass (SAGEMAKER_TS_BATCH_SIZE"), server.log()
     assert ("SAGEMAKER_TS_MAX_BATCH_DELAY=100000 sets SMSERVE_MAX_BATCH_DELAY_MS's setting (max_batch_delay_ms): "
             "above 1000: taken as 1000") in server.log()
     sent = bodies(16)
@@ -118,7 +118,7 @@ def test_a_predict_fn_that_cannot_be_batched_is_said_and_answered_as_alone(serve
     server = servers["unbatchable"]
     sent = bodies(16)
     assert_unbatched_answers("unbatchable", sent, together(server, sent))
-    assert "batching off: a request's answer in a pass of" in server.log()
+    assert logged(server, "batching off: a request's answer in a pass of"), server.log()
     before = passes_and_records(server, "model")
     again = together(server, sent)
     after = passes_and_records(server, "model")
@@ -128,6 +128,6 @@ def test_a_predict_fn_that_cannot_be_batched_is_said_and_answered_as_alone(serve
 
 def test_a_predict_fn_that_reads_the_context_keeps_batching_off_and_says_why(servers):
     server = servers["context"]
-    assert "batching: off: predict_fn takes the request's context" in server.log()
+    assert logged(server, "batching: off: predict_fn takes the request's context"), server.log()
     sent = bodies(8)
     assert_unbatched_answers("context", sent, together(server, sent))

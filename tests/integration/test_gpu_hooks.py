@@ -17,7 +17,7 @@ import requests
 import torch
 from PIL import Image
 
-from tests.helpers.server import ServerProcess, passes_and_records, wait_until
+from tests.helpers.server import ServerProcess, passes_and_records, wait_until, logged
 from tests.helpers.models import model_dir_with
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu.sh runs it)")
@@ -102,7 +102,7 @@ def test_the_image_example_answers_jpeg_on_the_gpu_as_on_the_cpu(image_model_dir
         with ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(lambda body: requests.post(server.url + "/invocations", data=body, timeout=60,
                                                                headers={"Content-Type": "image/jpeg"}), pictures))
-        assert "on cuda:0" in server.log()
+        assert logged(server, "on cuda:0"), server.log()
     for body, answer in zip(pictures, answers):
         assert answer.status_code == 200, answer.text
         with torch.inference_mode():

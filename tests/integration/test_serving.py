@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from tests.helpers.server import SERVE, pending_requests, wait_until
+from tests.helpers.server import SERVE, pending_requests, wait_until, logged
 
 JSON, CSV, JSONL, NPY = "application/json", "text/csv", "application/jsonlines", "application/x-npy"
 
@@ -294,7 +294,7 @@ def test_a_model_that_fails_to_load_makes_ping_500(make_server, tmp_path):
     assert found, "/ping still says loading"
     (response,) = found
     assert_error(response, 500, "failed to load")
-    assert "model failed to load" in server.log()
+    assert logged(server, "model failed to load"), server.log()
 
 
 def test_serve_train_exits_nonzero_with_its_reason():

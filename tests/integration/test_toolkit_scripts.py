@@ -21,7 +21,7 @@ import requests
 import torch
 
 from tests.helpers.client import invoke, npy
-from tests.helpers.server import ServerProcess, start_all, worker_pids
+from tests.helpers.server import ServerProcess, start_all, worker_pids, logged
 from tests.helpers.models import echo_hooks, model_dir_with
 
 JSON, CSV, NPY = "application/json", "text/csv", "application/x-npy"
@@ -251,7 +251,7 @@ def test_transform_fn_answers_each_request_with_its_content_type_and_accept(serv
                         "model_dir": server.env["SM_MODEL_DIR"]}
     # No Accept (or */*): the default one, as the toolkit hands it.
     assert invoke(server, b"[1]", JSON, "*/*").json()["accept"] == JSON
-    assert "batching: off: transform_fn" in server.log()
+    assert logged(server, "batching: off: transform_fn"), server.log()
 
 
 def test_a_transform_fn_without_context_answers_in_the_accepted_type(servers):
@@ -282,7 +282,7 @@ def test_a_lone_torchscript_pth_serves_without_a_script_and_json_answers_in_the_
     flat = invoke(server, rows.encode(), CSV, JSON)
     assert flat.status_code == 200 and np.asarray(flat.json()).shape == (ROWS, 10), flat.text
     assert np.load(io.BytesIO(invoke(server, npy(data), NPY, NPY).content)).shape == (ROWS, 10)
-    assert "model.pth" in server.log()
+    assert logged(server, "model.pth"), server.log()
 
 
 # ---------------------------------------------------------------- item 5: its settings

@@ -8,6 +8,7 @@ import os
 import re
 
 from smserve.engine.worker import hardware
+from tests.helpers.server import logged
 
 
 def _fake_gpu_env(tmp_path, memory_mib: int) -> dict[str, str]:
@@ -31,7 +32,7 @@ def test_the_plan_reaches_gunicorn(make_server, example_model_dir, tmp_path):
     server = make_server(example_model_dir, _fake_gpu_env(tmp_path, 24576))
     expected = max(1, min(hardware.MAX_AUTO_WORKERS_PER_GPU, hardware.cpu_count() // hardware.CORES_PER_WORKER))
     assert _worker_count(server) == expected
-    assert f"{expected} per GPU x 1 GPUs" in server.log()
+    assert logged(server, f"{expected} per GPU x 1 GPUs"), server.log()
 
 
 def test_workers_per_gpu_setting_wins(make_server, example_model_dir, tmp_path):
