@@ -17,8 +17,7 @@ from smserve.engine.worker.served import ServedModel
 from smserve.errors import UnsupportedMediaType
 from smserve.protocols.hooks import Hooks
 from smserve.protocols.kserve_v2 import SageMakerBinary, V2JsonBinary, V2OctetStream, v2_reply
-from smserve.protocols.message import HANDED_BACK, OCTET_STREAM, Message, Protocol
-from smserve.protocols.message import default_accept, negotiate, preferred
+from smserve.protocols.message import HANDED_BACK, OCTET_STREAM, Message, Protocol, default_accept, negotiate, preferred
 from smserve.protocols.simple import Json, Simple, answer_labels, encode_simple, simple_reply
 from smserve.protocols.streams import streamed_reply
 from smserve.settings import Settings

@@ -13,8 +13,7 @@ from smserve.engine.worker.served import ServedModel
 from smserve.errors import NotAcceptable
 from smserve.protocols import streams
 from smserve.protocols.kserve_v2 import v2_reply
-from smserve.protocols.message import HANDED_BACK, Message, Protocol, input_fn_takes
-from smserve.protocols.message import default_accept, negotiate, preferred
+from smserve.protocols.message import HANDED_BACK, Message, Protocol, default_accept, input_fn_takes, negotiate, preferred
 from smserve.protocols.simple import answer_labels, decode_builtin, encode_simple
 from smserve.settings import Settings
 

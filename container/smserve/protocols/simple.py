@@ -14,8 +14,7 @@ from smserve.core.reply import is_stream
 from smserve.engine.worker.served import ServedModel
 from smserve.errors import BadRequest, NotAcceptable, ServerError
 from smserve.protocols.kserve_v2 import v2_reply
-from smserve.protocols.message import Message, Protocol, nbytes, predict_context, writing
-from smserve.protocols.message import default_accept, negotiate
+from smserve.protocols.message import Message, Protocol, default_accept, negotiate, nbytes, predict_context, writing
 from smserve.protocols.streams import streamed_reply
 from smserve.settings import Settings
 

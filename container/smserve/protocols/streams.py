@@ -23,8 +23,7 @@ import orjson
 from smserve import metrics
 from smserve.core.reply import Reply
 from smserve.errors import HTTPError, NotAcceptable
-from smserve.protocols.message import negotiate as negotiate_accept
-from smserve.protocols.message import preferred
+from smserve.protocols.message import negotiate as negotiate_accept, preferred
 
 log = logging.getLogger(__name__)
 
