@@ -15,8 +15,7 @@ from typing import Callable, Mapping
 
 from smserve import toolkit
 from smserve import variables as parse
-# MAX_TRANSFORM_BUDGET_MB is also read from here, as one of the limits a setting keeps within.
-from smserve.variables import MAX_BATCH_DELAY_MS, MAX_TRANSFORM_BUDGET_MB  # noqa: F401
+from smserve.variables import MAX_BATCH_DELAY_MS
 
 DEFAULT_MODEL_DIR = "/opt/ml/model"
 # Where SageMaker copies a multi-model endpoint's models (POST /models's url:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from smserve.engine.worker import hardware
-from smserve.engine.worker.loaded_model import ModelLoadError, choose_device
+from smserve.engine.model.torch_model import choose_device
+from smserve.engine.worker.loaded_model import ModelLoadError
 from smserve.settings import Settings
 
 

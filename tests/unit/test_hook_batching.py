@@ -175,7 +175,9 @@ def test_the_inference_thread_takes_the_workers_gpu_before_the_model_loads(monke
     from smserve.settings import Settings
 
     order = []
-    monkeypatch.setattr(model_module, "choose_device", lambda preference, index: torch.device("cuda", index % 2))
+    from smserve.engine.model import torch_model
+
+    monkeypatch.setattr(torch_model, "choose_device", lambda preference, index: torch.device("cuda", index % 2))
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: order.append(("set_device", device)))
     real_load = model_module.load_and_warm
 

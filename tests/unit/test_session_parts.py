@@ -18,7 +18,7 @@ from gunicorn.http.parser import RequestParser
 from hypothesis import given, settings, strategies as st
 
 from smserve.core import session_ids
-from smserve.engine.sessions.store import COUNTED_PER_TURN, state_size
+from smserve.engine.sessions.measure import COUNTED_PER_TURN, state_size
 from smserve.errors import BadRequest
 from smserve.http.handoff import Handoff, head_bytes, session_owner
 

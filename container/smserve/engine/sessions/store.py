@@ -40,8 +40,7 @@ from gevent.lock import Semaphore
 
 from smserve import metrics
 from smserve.core import session_ids
-# The state's count has its own module; its public names stay importable from here.
-from smserve.engine.sessions.measure import COUNTED_PER_TURN, StateWalk, count, state_size  # noqa: F401
+from smserve.engine.sessions.measure import count
 from smserve.engine.sessions import hooks as session_hooks
 from smserve.errors import BadRequest, HTTPError, InsufficientStorage, TooManyRequests, Unavailable
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from smserve.engine.runtime.threads import Pools
 from smserve.engine.worker import hardware
-from smserve.settings import DEFAULT_PAYLOAD_MB, MAX_TRANSFORM_BUDGET_MB, Settings
+from smserve.settings import DEFAULT_PAYLOAD_MB, Settings
+from smserve.variables import MAX_TRANSFORM_BUDGET_MB
 
 
 def cores_per_worker(workers: int) -> int:

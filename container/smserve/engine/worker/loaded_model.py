@@ -27,7 +27,6 @@ from smserve import toolkit
 from smserve.engine.model.artifacts import ModelLoadError
 from smserve.engine.model.torch_model import (AUTOCAST_DTYPES, TorchModel, converting, load_model_file,
                                               with_platform)
-from smserve.engine.model.torch_model import choose_device as choose_device  # (the worker's server finds it here)
 from smserve.engine.hooks.script import Hooks, load_hooks, missing_package_hint, run_load_hook
 from smserve.core.metadata import ModelMetadata
 from smserve.engine.runtime import main_lane

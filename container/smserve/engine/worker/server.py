@@ -122,9 +122,10 @@ class ModelServer:
     def _load_on_inference_thread(self) -> None:
         import torch  # only workers import torch: the master must not touch CUDA
 
+        from smserve.engine.model import torch_model
         from smserve.engine.worker import loaded_model as model_module
 
-        device = model_module.choose_device(self.settings.device, self.worker_index)
+        device = torch_model.choose_device(self.settings.device, self.worker_index)
         if device.type == "cuda":
             # This thread's current device is the worker's GPU: a model_fn's `.cuda()` and
             # `torch.cuda.current_device()` mean it (codec threads bind before each hook).
