@@ -15,7 +15,7 @@ import pytest
 from smserve.codecs import npz, simple
 from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.errors import BadRequest, NotAcceptable, PayloadTooLarge
-from smserve.protocols.dispatch import answer_labels
+from smserve.protocols.simple import answer_labels
 
 OUTPUTS = {"probs": np.array([[0.1, 0.9], [0.8, 0.2]], dtype=np.float32), "score": np.array([3, 4], dtype=np.int64)}
 RECORDS = [{"probs": [0.1, 0.9], "score": 3}, {"probs": [0.8, 0.2], "score": 4}]

@@ -246,19 +246,22 @@ def test_bodies_that_fail_to_inflate_leave_no_reservation_behind():
 # Nothing kept once a request is done (issue 33): the ledger counts, it keeps no list
 
 
-def invocations(server, monkeypatch, answer=None):
+def invocations(server, answer=None):
     """POST /invocations's route on `server`, the protocols replaced by `answer`
     (message -> Reply; by default the body's length): what the route does with the
     body before and after them is what is tested."""
     from smserve.core.reply import Reply
-    from smserve.protocols import dispatch
-    from smserve.routes.sagemaker import SageMakerRoutes
+    from smserve.routes.sagemaker import DataPlane, SageMakerRoutes
     from smserve.routes.table import Request
     from smserve.settings import Settings
 
     answer = answer or (lambda message: Reply(str(len(message.body)).encode()))
-    monkeypatch.setattr(dispatch, "answer", lambda message, server, settings: answer(message))
-    route = SageMakerRoutes(server, Settings(max_request_mb=1))
+    class Protocols:
+        def answer(self, message, server, settings):
+            return answer(message)
+
+    settings = Settings(max_request_mb=1)
+    route = SageMakerRoutes(server, settings, DataPlane(settings, server.pools.offload, Protocols()))
     server.ledger = route.plane.inflated  # the worker's, which the route holds
 
     def post(body: bytes):
@@ -267,13 +270,13 @@ def invocations(server, monkeypatch, answer=None):
     return post
 
 
-def test_finished_requests_leave_nothing_in_the_ledger(monkeypatch):
+def test_finished_requests_leave_nothing_in_the_ledger():
     """gzip.compress(b"") inflates to the shared b"", whose reference count never drops:
     the ledger kept each one in its list for good, and every later compressed request
     walked that list. 5,000 requests later nothing of them is left (measured by what
     contentcoding.py allocated and still holds), and the ledger reserves nothing."""
     server = ThreadedServer()
-    post = invocations(server, monkeypatch)
+    post = invocations(server)
     empty, small = gzip.compress(b""), gzip.compress(b"abc")
     for body in (empty, small) * 10:  # the ledger, the pool's threads, interned results
         post(body)
@@ -292,11 +295,11 @@ def test_finished_requests_leave_nothing_in_the_ledger(monkeypatch):
     assert server.ledger.in_flight == 0
 
 
-def test_a_streamed_answer_holds_its_body_until_the_stream_ends_or_is_closed(monkeypatch):
+def test_a_streamed_answer_holds_its_body_until_the_stream_ends_or_is_closed():
     from smserve.core.reply import Reply
 
     server = ThreadedServer()
-    post = invocations(server, monkeypatch, lambda message: Reply(iter([message.body[:2], message.body[2:]])))
+    post = invocations(server, lambda message: Reply(iter([message.body[:2], message.body[2:]])))
     ledger = server.ledger
     answer = post(gzip.compress(b"abcdef"))
     assert ledger.in_flight == 6  # made, not yet sent
@@ -308,12 +311,12 @@ def test_a_streamed_answer_holds_its_body_until_the_stream_ends_or_is_closed(mon
     assert ledger.in_flight == 0
 
 
-def test_a_request_whose_protocol_fails_gives_its_room_back(monkeypatch):
+def test_a_request_whose_protocol_fails_gives_its_room_back():
     def refuse(message):
         raise BadRequest("no")
 
     server = ThreadedServer()
-    post = invocations(server, monkeypatch, refuse)
+    post = invocations(server, refuse)
     with pytest.raises(BadRequest):
         post(gzip.compress(b"abc"))
     assert server.ledger.in_flight == 0

@@ -24,7 +24,8 @@ from smserve.engine.worker import loaded_model as model_module
 from smserve.engine.hooks.script import Hooks
 from smserve.engine.batching.runner import Runner
 from smserve.engine.worker.served import ModelTraits
-from smserve.protocols import dispatch
+from smserve.protocols import TABLE
+from smserve.protocols.message import Message
 from smserve.settings import Settings
 
 
@@ -212,7 +213,7 @@ def test_what_is_no_batch_runs_alone_whole(value):
 
 
 class HookServer:
-    """What dispatch's hooks protocol and the hook chain ask of a server, over a real
+    """What the hooks protocol and the hook chain ask of a server, over a real
     model and runner, every hook run in the calling greenlet."""
 
     status = "ready"
@@ -259,8 +260,8 @@ def answers(predict_fn, max_batch: int, on_trial: bool, requests: int = 3) -> li
     server = HookServer(model, runner)
 
     def ask():
-        message = dispatch.Message(body=FEATURES, content_type="application/json")
-        return dispatch.answer(message, server, Settings()).body
+        message = Message(body=FEATURES, content_type="application/json")
+        return TABLE.answer(message, server, Settings()).body
 
     with runner._gate:  # held until every request but the one the batcher took waits: they share a pass
         jobs = [gevent.spawn(ask) for _ in range(requests)]

@@ -6,7 +6,8 @@ import orjson
 import pytest
 
 from smserve.codecs.records import jsondoc
-from smserve.protocols import dispatch as protocols
+from smserve.protocols import TABLE
+from smserve.protocols.message import Message
 from smserve.errors import BadRequest
 from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.engine.worker.served import ModelTraits
@@ -45,8 +46,8 @@ class _Server:
 
 def _answer(body: bytes):
     server = _Server(body)
-    message = protocols.Message(body=body, content_type="application/json", accept="application/json")
-    reply = protocols.answer(message, server, Settings())
+    message = Message(body=body, content_type="application/json", accept="application/json")
+    reply = TABLE.answer(message, server, Settings())
     return orjson.loads(reply.body), server.codec_steps
 
 
@@ -80,7 +81,7 @@ def test_the_json_answer_takes_the_requests_form():
 def test_a_v2_json_request_takes_the_codec_step():
     body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]})
     server = _Server(body)
-    reply = protocols.answer(protocols.Message(body=body, content_type="application/json"), server, Settings())
+    reply = TABLE.answer(Message(body=body, content_type="application/json"), server, Settings())
     answer = orjson.loads(reply.body)
     assert answer["outputs"][0]["name"] == "y" and answer["outputs"][0]["data"] == [2.0, 4.0]
     assert server.codec_steps == ["decode", "encode"]

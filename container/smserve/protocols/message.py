@@ -1,6 +1,7 @@
 """What every wire protocol shares: the message it answers (an HTTP body or a WebSocket
-message), the protocol's interface, content negotiation (which media type an answer
-takes, from the request's Accept), and the small rules more than one protocol follows."""
+message), the protocol's interface, the table that picks the protocol for a message,
+content negotiation (which media type an answer takes, from the request's Accept), and
+the small rules more than one protocol follows."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from smserve.core import media
 from smserve.core.context import RequestContext
 from smserve.core.reply import Reply
 from smserve.engine.worker.served import ServedModel
-from smserve.errors import Named500, NotAcceptable
+from smserve.errors import Named500, NotAcceptable, UnsupportedMediaType
 from smserve.settings import Settings
 
 OCTET_STREAM = "application/octet-stream"
@@ -62,7 +63,7 @@ class Message:
 
 
 class Protocol:
-    """A wire protocol. The table (dispatch.choose) asks `takes` only of a protocol whose
+    """A wire protocol. The table (ProtocolTable.choose) asks `takes` only of a protocol whose
     `kinds` hold the message's media type (None: any), whose `marker`, if it has one, is
     in the Content-Type, and, where `for_byte_hooks`, only when the model has hooks that
     may read or write bytes: so a request is matched by look-ups, and only the protocols
@@ -80,6 +81,56 @@ class Protocol:
     def answer(self, message: Message, server: ServedModel, settings: Settings) -> Reply:
         """The reply, or HANDED_BACK when the model's input_fn handed the body back."""
         raise NotImplementedError
+
+
+SUPPORTED_REQUEST_TYPES = (
+    "application/json (simple or KServe v2)",
+    media.CSV,
+    media.JSONLINES,
+    media.NPY,
+    f"{media.NPZ} (several named arrays)",
+    "application/octet-stream (KServe v2 binary)",
+    "application/vnd.sagemaker-triton.binary+json;json-header-size=N",
+)
+
+
+class ProtocolTable:
+    """The protocols a worker speaks, in the order they are asked: the one way a message
+    becomes a reply, for /invocations, the multi-model and v2 routes, and the WebSocket
+    session alike (the table itself: protocols/__init__.py)."""
+
+    def __init__(self, protocols: tuple[Protocol, ...]):
+        self.protocols = protocols
+
+    def choose(self, message: Message, server: ServedModel) -> Protocol:
+        kind = message.kind
+        for protocol in self.protocols:
+            if protocol.kinds is not None and kind not in protocol.kinds:
+                continue
+            if protocol.marker is not None and protocol.marker not in message.content_type:
+                continue
+            if protocol.for_byte_hooks and not server.traits.may_handle_bytes:
+                continue
+            if protocol.takes(message, server):
+                return protocol
+        if message.input_fn_declined:
+            raise UnsupportedMediaType(
+                f"unsupported Content-Type {message.content_type!r}: the model's input_fn handed it back (it "
+                "returned NotImplemented) and the built-in codecs take only: " + ", ".join(SUPPORTED_REQUEST_TYPES))
+        raise UnsupportedMediaType(
+            f"unsupported Content-Type {message.content_type!r}; send one of: " + ", ".join(SUPPORTED_REQUEST_TYPES)
+            + "; or read any other type (an image, say) with an input_fn in the model's code/inference.py "
+            "(docs/model.md#your-own-input-formats)")
+
+    def answer(self, message: Message, server: ServedModel, settings: Settings) -> Reply:
+        """The message's reply. A body the model's input_fn hands back is answered by the
+        protocol the table chooses without it."""
+        while True:
+            protocol = self.choose(message, server)
+            server.check_ready()
+            reply = protocol.answer(message, server, settings)
+            if reply is not HANDED_BACK:
+                return reply
 
 
 def input_fn_takes(message: Message, server: ServedModel) -> bool:

@@ -13,7 +13,8 @@ from smserve.core import session_ids
 from smserve.core.metadata import ModelMetadata
 from smserve.engine.worker.served import READY, ServedModel, Serving
 from smserve.errors import BadRequest, HTTPError, NotFound
-from smserve.protocols import dispatch
+from smserve.protocols.kserve_v2 import v2_reply
+from smserve.protocols.message import Message
 from smserve.routes.sagemaker import DataPlane, context_of, reply_response
 from smserve.routes.table import Request, Response, json_response
 from smserve.settings import Settings
@@ -80,8 +81,8 @@ class KServeRoutes:
 def _infer(server: ServedModel, metadata: ModelMetadata, request: Request, body: bytes) -> Response:
     header_length = v2.header_length_from_header(request.header(v2.HEADER_LENGTH_HEADER), len(body))
     inference = server.pools.offload(len(body), v2.decode_request, body, header_length, metadata)
-    message = dispatch.Message(body, context_of=context_of(request))  # (for its context)
-    return reply_response(dispatch.v2_reply(server, inference, sagemaker=False, message=message), message)
+    message = Message(body, context_of=context_of(request))  # (for its context)
+    return reply_response(v2_reply(server, inference, sagemaker=False, message=message), message)
 
 
 def _versioned(model: str, version: str | None, metadata: ModelMetadata) -> ModelMetadata:

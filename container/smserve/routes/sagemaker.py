@@ -19,7 +19,8 @@ from smserve.core.context import CUSTOM_ATTRIBUTES, RequestContext, response_cus
 from smserve.engine.worker import capacity
 from smserve.engine.worker.served import ServedModel, Serving
 from smserve.errors import AnswerTimeout, NotFound
-from smserve.protocols import dispatch
+from smserve.protocols import TABLE
+from smserve.protocols.message import Message, ProtocolTable
 from smserve.routes import sessions
 from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
@@ -60,25 +61,27 @@ class SageMakerRoutes:
 def invocation(server: ServedModel, plane: DataPlane, request: Request) -> Response:
     """An inference: the protocol is chosen by the protocol table; a route only moves the
     request in and the reply out."""
-    settings = plane.settings
+    settings, protocols = plane.settings, plane.protocols
 
     def respond(body: bytes) -> Response:
-        message = dispatch.Message.from_http(body, request.header, context_of(request))
+        message = Message.from_http(body, request.header, context_of(request))
         if request.header(session_ids.SESSION_ID) is not None:
-            return sessions.answer(server, request, message, lambda m: dispatch.answer(m, server, settings),
+            return sessions.answer(server, request, message, lambda m: protocols.answer(m, server, settings),
                                    reply_response)
-        return reply_response(dispatch.answer(message, server, settings), message)
+        return reply_response(protocols.answer(message, server, settings), message)
 
     return plane.answer(request, respond)
 
 
 class DataPlane:
-    """One worker's: its settings, its codec offload (engine/runtime/threads.Pools.offload)
-    and its ledger of inflated bodies (codecs/contentcoding.InflatedBytes)."""
+    """One worker's: its settings, its codec offload (engine/runtime/threads.Pools.offload),
+    its ledger of inflated bodies (codecs/contentcoding.InflatedBytes) and the protocol
+    table that answers a message (protocols.TABLE)."""
 
-    def __init__(self, settings: Settings, offload):
+    def __init__(self, settings: Settings, offload, protocols: ProtocolTable = TABLE):
         self.settings = settings
         self.offload = offload
+        self.protocols = protocols
         self.inflated = contentcoding.InflatedBytes.for_worker(settings.codec_threads, settings.max_body_bytes)
 
     def answer(self, request: Request, respond: Callable[[bytes], Response]) -> Response:

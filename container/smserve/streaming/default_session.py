@@ -25,8 +25,8 @@ from smserve.core import media
 from smserve.core.reply import Reply
 from smserve.engine.worker.served import ServedModel
 from smserve.errors import HTTPError, PayloadTooLarge
-from smserve.protocols import dispatch
-from smserve.protocols.message import negotiate
+from smserve.protocols import TABLE
+from smserve.protocols.message import OCTET_STREAM, Message, negotiate
 from smserve.streaming.session import MAX_PENDING, CloseReason, Closing, Send, Session, SessionContext
 from smserve.streaming.text import TextPieces
 
@@ -37,7 +37,7 @@ TEXT_MEDIA = ("application/json", "application/jsonlines", "text/")
 OPTIONS = ("content-type", "accept")
 TEXT_DEFAULT_TYPE = media.JSON
 BINARY_DEFAULT_TYPE = media.NPY
-BINARY_TYPES = (media.NPY, media.CSV, media.JSON, media.JSONLINES, dispatch.OCTET_STREAM)
+BINARY_TYPES = (media.NPY, media.CSV, media.JSON, media.JSONLINES, OCTET_STREAM)
 
 
 class DefaultSession(Session):
@@ -76,8 +76,8 @@ class DefaultSession(Session):
             builtin = content_type in media.MEDIA_TYPES and not self.server.traits.byte_hooks
             accept = self.accept or (BINARY_DEFAULT_TYPE if builtin else None)
         try:
-            message = dispatch.Message(body, content_type, accept, context_of=self.context.for_message)
-            reply = dispatch.answer(message, self.server, self.settings)
+            message = Message(body, content_type, accept, context_of=self.context.for_message)
+            reply = TABLE.answer(message, self.server, self.settings)
         except BaseException as e:  # noqa: BLE001 - every outcome goes to the sender, in order
             slot.set(e)
             return
