@@ -1,4 +1,4 @@
-"""The head of a route's answer (http/sending.answer_head): what gunicorn's writer sent,
+"""The head of a route's answer (http/exchange.answer_head): what gunicorn's writer sent,
 without its per-answer cost, and never a head a value could break."""
 
 import email.utils
@@ -9,7 +9,7 @@ import time
 import pytest
 from gevent import socket as gevent_socket
 
-from smserve.http import sending
+from smserve.http import connection, exchange
 
 
 def _fields(head: bytes) -> tuple[str, dict[str, str]]:
@@ -20,7 +20,7 @@ def _fields(head: bytes) -> tuple[str, dict[str, str]]:
 
 
 def test_a_head_has_the_status_server_date_connection_the_routes_fields_and_the_length():
-    head = sending.answer_head((1, 1), 200, [("Content-Type", "application/x-npy")], 1234, close=False)
+    head = exchange.answer_head((1, 1), 200, [("Content-Type", "application/x-npy")], 1234, close=False)
     status, fields = _fields(head)
     assert status == "HTTP/1.1 200 OK"
     assert fields["Server"] == "gunicorn"
@@ -32,37 +32,37 @@ def test_a_head_has_the_status_server_date_connection_the_routes_fields_and_the_
 
 
 def test_a_last_answer_says_close_and_a_204_has_no_length():
-    status, fields = _fields(sending.answer_head((1, 1), 204, [], None, close=True))
+    status, fields = _fields(exchange.answer_head((1, 1), 204, [], None, close=True))
     assert status == "HTTP/1.1 204 No Content"
     assert fields["Connection"] == "close" and "Content-Length" not in fields
 
 
 def test_the_date_is_made_once_a_second(monkeypatch):
     made = []
-    real = sending.formatdate
-    monkeypatch.setattr(sending, "formatdate", lambda *a, **k: made.append(a) or real(*a, **k))
-    monkeypatch.setattr(sending, "_date", [0, ""])
+    real = connection.formatdate
+    monkeypatch.setattr(connection, "formatdate", lambda *a, **k: made.append(a) or real(*a, **k))
+    monkeypatch.setattr(connection, "_date", [0, ""])
     for _ in range(100):
-        sending.http_date()
+        connection.http_date()
     assert 1 <= len(made) <= 2  # (2 when the second turned over meanwhile)
 
 
 @pytest.mark.parametrize("value", ["a\r\nSet-Cookie: x=1", "a\nb", "a\rb", "a\0b"])
 def test_a_value_that_would_break_the_head_is_refused(value):
     with pytest.raises(ValueError, match="X-Custom"):
-        sending.answer_head((1, 1), 200, [("X-Custom", value)], 0, close=False)
+        exchange.answer_head((1, 1), 200, [("X-Custom", value)], 0, close=False)
 
 
 def test_a_value_outside_latin_1_is_refused():
     with pytest.raises(UnicodeEncodeError):
-        sending.answer_head((1, 1), 200, [("X-Custom", "snow\u2603")], 0, close=False)
+        exchange.answer_head((1, 1), 200, [("X-Custom", "snow\u2603")], 0, close=False)
 
 
 def test_an_error_answer_has_server_and_date_too():
     ours, theirs = gevent_socket.socketpair()  # (the worker's sockets are gevent's)
     try:
         theirs.shutdown(socket.SHUT_WR)  # nothing more to read: the lingering read ends at once
-        sending.send_error(ours, 413, "too big", {"Retry-After": "1"})
+        connection.send_error(ours, 413, "too big", {"Retry-After": "1"})
         answer = theirs.recv(65536)
     finally:
         ours.close()
@@ -93,7 +93,7 @@ def test_head_and_body_leave_whole_and_in_order_through_partial_sends(body_size)
 
     try:
         reader = gevent.spawn(read)
-        sending.Sender(ours, 10).send_parts(head, memoryview(body))
+        exchange.Sender(ours, 10).send_parts(head, memoryview(body))
         reader.join(timeout=30)
     finally:
         ours.close()

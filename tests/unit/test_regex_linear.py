@@ -34,7 +34,7 @@ from smserve.codecs.v2 import header as v2_header
 from smserve.core import session_ids
 from smserve.engine.multimodel import registry as model_registry
 from smserve.errors import BadRequest
-from smserve.http import connection as head, sending
+from smserve.http import connection as head, exchange
 from smserve.http.connection import PlainHeadParser, SettledConfig
 from smserve.routes import endpoints, models as model_routes
 from smserve.settings import Settings
@@ -199,7 +199,7 @@ def _cases():
          lambda n: "/v2/models/m/versions/" + "a" * n + "/inferx"),
         ("route-page-digits", model_routes._DIGITS.fullmatch, lambda n: "1" * n + "x"),
         ("model-name", model_registry._NAME.fullmatch, lambda n: "a" * n + "\x00"),
-        ("answer-header-value", sending._UNSAFE_VALUE.search, lambda n: "a" * n),
+        ("answer-header-value", exchange._UNSAFE_VALUE.search, lambda n: "a" * n),
     ] + _tool_cases()
 
 

@@ -1,4 +1,5 @@
-"""One client connection as the worker holds it, and its request heads.
+"""One client connection as the worker holds it: its deadlines, its request heads, and
+its closing.
 
 The connection: what it is doing now, and how a wait for its request bytes can be ended
 (by an eviction at the connection cap, or the drain at SIGTERM) without touching a
@@ -7,7 +8,9 @@ HTTP/1.0 or 1.1, `Name: value` lines of allowed bytes) is read in one pass by tw
 regular expressions, each field then judged by gunicorn's own header policy, so the
 request comes out exactly as gunicorn's parser makes it, at less cost; anything else (a
 head not all read yet, a bare LF, obsolete line folding, a limit reached, an odd target
-or method, the PROXY protocol) goes to gunicorn's parser from its first byte."""
+or method, the PROXY protocol) goes to gunicorn's parser from its first byte. Its
+closing: an error answer, then a bounded lingering read so the client reads it; a client
+cut off at the send deadline is reset."""
 
 from __future__ import annotations
 
@@ -15,16 +18,21 @@ import logging
 import re
 import resource
 import socket
+import struct
 import time
+from email.utils import formatdate
 
 import gevent
 from gevent import hub
 from gevent import socket as gevent_socket
+from gunicorn import SERVER
 from gunicorn.http.message import Request
 from gunicorn.http.parser import RequestParser
 
 from smserve import memo
-from smserve.http.body import ClientError
+from smserve.errors import json_error_body
+from smserve.http.body import READ_SIZE, ClientError, Turn
+from smserve.routes.table import reason
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +200,86 @@ def bytes_waiting(sock) -> bool:
 def buffered(parser) -> bool:
     """Bytes of a next (pipelined) request already read off the socket."""
     return parser.unreader.buf.getbuffer().nbytes > 0
+
+
+# After an error answer, how long and how much of a request still arriving is read and
+# dropped before the connection closes (see linger).
+# (As nginx's lingering_timeout and lingering_time: a pause ends it, a steady sender
+# gets the total.)
+LINGER_IDLE_S = 2.0
+LINGER_TOTAL_S = 10.0
+LINGER_BYTES = 128 << 20
+
+_date = [0, ""]  # the second it was made for, the Date field's value
+
+
+def http_date() -> str:
+    """The Date field's value, made once a second rather than once an answer."""
+    now = int(time.time())
+    if _date[0] != now:
+        _date[0], _date[1] = now, formatdate(now, usegmt=True)
+    return _date[1]
+
+
+class SendTimeout(Exception):
+    """The client stopped reading its answer."""
+
+
+def reset_on_close(sock) -> None:
+    """Make the coming close() reset the connection (SO_LINGER 0), as nginx's
+    reset_timedout_connection does for a client cut off at its send deadline: a plain
+    close would leave the kernel holding the unsent answer in FIN-WAIT-1, trickling it
+    out as the stalled client's window allows, for as long as it likes."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+
+
+def send_error(sock, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    """A JSON error answer, then the connection closes. Server and Date as on every
+    other answer (RFC 9110 asks a Date of every 4xx a server with a clock sends)."""
+    body = json_error_body(message)
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    head = (f"HTTP/1.1 {status} {reason(status)}\r\nServer: {SERVER}\r\nDate: {http_date()}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
+    try:
+        with gevent.Timeout(5, False):
+            sock.sendall(head.encode("latin-1") + body)
+    except OSError:
+        return
+    if status != 408:  # a client that timed out is not sending
+        linger(sock)
+
+
+def linger(sock) -> None:
+    """After an error answer the connection closes, but the client may still be sending
+    the request that caused it (a body over the limit, the rest of a malformed one).
+    Closing with its bytes unread makes the kernel reset the connection, and a reset can
+    destroy the answer before the client has read it. So stop writing, then read and
+    drop what still comes, for a bounded time and amount (as nginx's lingering close)."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+    dropped = 0
+    turn = Turn()
+    raw = sock._sock
+    try:
+        with gevent.Timeout(LINGER_TOTAL_S, False):
+            while dropped < LINGER_BYTES:
+                try:
+                    data = raw.recv(READ_SIZE)
+                except (BlockingIOError, InterruptedError):
+                    # A client that has stopped sending is not waited for long.
+                    gevent_socket.wait_read(raw.fileno(), timeout=LINGER_IDLE_S, timeout_exc=Close)
+                    continue
+                if not data:
+                    return
+                dropped += len(data)
+                turn.take()
+    except (OSError, Close):
+        pass
 
 
 def connection_cap(setting: int, workers: int) -> int:

@@ -1,30 +1,108 @@
 """The connection loop and one request/answer exchange: what the worker does with each
-connection it accepts, as gunicorn's base_async.py is to its gevent worker.
+connection it accepts, as gunicorn's base_async.py is to its gevent worker; and the
+answer's way out (its head, the send deadline, gunicorn's writer for the app's answers).
 
 A connection's requests are read one after another (kept alive, pipelined), each head
 within SMSERVE_HEADER_TIMEOUT and each body whole, within SMSERVE_BODY_TIMEOUT and the
 payload limit, before the route runs; the answer leaves within the send deadline, and
 its access line is written once. A request of a stateful session another worker holds
 moves there with its connection (handoff.py); a WebSocket handshake hands the connection
-to a session (websocket.py). The worker's lifecycle (start, accept, drain) is worker.py's.
+to a session (websocket.py). The worker's lifecycle (start, accept, drain) is worker.py's;
+error answers and the connection's closing are connection.py's.
 """
 
 from __future__ import annotations
 
 import io
+import re
 import time
 
 import gevent
+from gevent import socket as gevent_socket
+from gunicorn import SERVER
 from gunicorn.http import errors as http_errors
 from gunicorn.http import wsgi
 from gunicorn.workers import base
 
 from smserve.http import access, websocket
 from smserve.http.body import ClientError, asks_to_close, check_head, joined_headers, parse_error, read_body
-from smserve.http.connection import Close, Connection, PlainHeadParser, RequestSource, buffered, bytes_waiting, make_room
+from smserve.http.connection import (Close, Connection, PlainHeadParser, RequestSource, SendTimeout, buffered,
+                                     bytes_waiting, http_date, make_room, reset_on_close, send_error)
 from smserve.http.handoff import session_owner
-from smserve.http.sending import Sender, SendTimeout, answer_head, reset_on_close, send_error, wsgi_request
 from smserve.routes.table import Request, reason
+
+# What may not appear in a header's value: it would end the field, or the head.
+_UNSAFE_VALUE = re.compile(r"[\r\n\0]")
+
+
+def answer_head(version: tuple[int, int], status: int, headers: list[tuple[str, str]], length: int | None,
+                close: bool) -> bytes:
+    """The head of an answer our routes made, as gunicorn's response writer would send it
+    (Server, Date, Connection, then the route's fields, Content-Length last), without
+    its per-answer regular expressions and date formatting: the names are our code's,
+    and a value is only checked for what would break the head. version: the request's
+    (the answer speaks it, as gunicorn's does). length None: no Content-Length (a 204
+    or 1xx)."""
+    lines = [f"HTTP/{version[0]}.{version[1]} {status} {reason(status)}\r\nServer: {SERVER}\r\nDate: {http_date()}\r\n"
+             f"Connection: {'close' if close else 'keep-alive'}\r\n"]
+    for name, value in headers:
+        if _UNSAFE_VALUE.search(value) is not None:
+            raise ValueError(f"the answer's {name} field holds a line break or NUL")
+        lines.append(f"{name}: {value}\r\n")
+    if length is not None:
+        lines.append(f"Content-Length: {length}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1")
+
+
+class Sender:
+    """The connection as the response writer sees it: every send must make progress
+    within the send deadline, so a client that stops reading cannot hold the worker's
+    connection and the answer's memory for ever. A slow reader that keeps reading is
+    served to the end."""
+
+    def __init__(self, sock, timeout: float):
+        self._sock = sock
+        self._timeout = timeout
+
+    def sendall(self, data) -> None:
+        self._send_all([memoryview(data).cast("B")])
+
+    def send_parts(self, head: bytes, body) -> None:
+        """head, then body, in one system call where the socket takes them (sendmsg
+        gathers them: no third buffer to join them in, a copy of the whole answer)."""
+        self._send_all([memoryview(head), memoryview(body).cast("B")])
+
+    def _send_all(self, parts: list[memoryview]) -> None:
+        """Every byte of parts, in order, each sendmsg resuming where the last stopped."""
+        raw = self._sock._sock  # the non-blocking OS socket under gevent's
+        parts = [part for part in parts if part]
+        while parts:
+            try:
+                sent = raw.sendmsg(parts)
+            except (BlockingIOError, InterruptedError):
+                gevent_socket.wait_write(raw.fileno(), timeout=self._timeout, timeout_exc=SendTimeout(
+                    f"the client read nothing of its answer for {self._timeout:g} s (SMSERVE_SEND_TIMEOUT)"))
+                continue
+            while parts and sent >= len(parts[0]):
+                sent -= len(parts.pop(0))
+            if sent:
+                parts[0] = parts[0][sent:]
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def wsgi_request(req, sender, addr, listener_name, cfg):
+    """gunicorn's response writer and WSGI environ for a request the app answers. A head
+    the environ cannot be built from (a SCRIPT_NAME header that is no prefix of the
+    path, say) is the client's error."""
+    try:
+        resp, environ = wsgi.create(req, sender, addr, listener_name, cfg)
+    except Exception as e:  # noqa: BLE001 - gunicorn raises plain exceptions for bad heads
+        raise ClientError(400, f"malformed request head: {type(e).__name__}: {e}") from None
+    environ["wsgi.multithread"] = True
+    return resp, environ
 
 
 class ExchangeWorker(base.Worker):

@@ -39,7 +39,7 @@ from wsproto.utilities import LocalProtocolError
 from smserve import metrics
 from smserve.http import access
 from smserve.http.body import Turn, joined_headers
-from smserve.http.sending import SendTimeout, reset_on_close, send_error
+from smserve.http.connection import SendTimeout, reset_on_close, send_error
 from smserve.http.websocket_handshake import (PATH, HandshakeRefused, accept_response, check_handshake,
                                               check_session, offers_websocket)
 from smserve.streaming.handlers import open_session
@@ -59,7 +59,7 @@ CLOSED, GONE, DRAINED = "closed", "gone", "drained"
 def serve(sock, writer, req, leftover: bytes, addr, *, server, settings, sessions: set,
           alive: Callable[[], bool]) -> None:
     """Run one session on a connection whose handshake request was just parsed; the
-    connection ends with it. writer sends within the send deadline (sending.Sender);
+    connection ends with it. writer sends within the send deadline (exchange.Sender);
     sessions: the worker's open ones, which its drain walks; alive(): False once it
     drains. A session opened while the worker drains (its handshake was waiting at
     SIGTERM) drains at once: what came with the handshake is answered, then 1001."""
