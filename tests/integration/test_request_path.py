@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACER = ROOT / "tests" / "helpers" / "request_path"
 DOC = ROOT / "docs" / "architecture.md"
 # The path's length today: a module added to it must take one away. (The goal is 15.)
-MOST = 18
+MOST = 17
 
 
 def _base(module: str) -> bool:
@@ -41,7 +41,7 @@ def _traced(server: ServerProcess, out: Path) -> set[str]:
             answer = session.post(server.url + "/invocations", data=buffer.getvalue(),
                                   headers={"Content-Type": "application/x-npy", "Accept": "application/x-npy"})
             assert answer.status_code == 200, answer.text
-    written = wait_until(lambda: sorted(out.parent.glob(out.name + ".*")))
+    written = wait_until(lambda: sorted(p for p in out.parent.glob(out.name + ".*") if p.suffix != ".part"))
     return {line for line in written[0].read_text().split() if not _base(line)}
 
 

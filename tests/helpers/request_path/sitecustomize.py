@@ -30,8 +30,12 @@ if _OUT:
                 _state["seen"].add(module + (":" + frame.f_code.co_name if os.environ.get("REQUEST_PATH_FUNCS") else ""))
         elif _state["on"] and module == "http/exchange.py" and frame.f_code.co_name == "handle_request":
             _state["on"] = False
-            with open(f"{_OUT}.{os.getpid()}", "w") as out:
+            # Written aside, then renamed: the test may read it while the next request's
+            # trace is being written, and must never see a file half written.
+            final = f"{_OUT}.{os.getpid()}"
+            with open(final + ".part", "w") as out:
                 out.write("\n".join(sorted(_state["seen"])) + "\n")
+            os.replace(final + ".part", final)
 
     def _profiled(start):
         def start_new_thread(function, args, kwargs=None):
