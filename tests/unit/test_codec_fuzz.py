@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from smserve.codecs import contentcoding, npy, npz, simple, v2
 from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.errors import BadRequest, HTTPError
+from smserve.protocols.simple import decode_inputs
 
 from tests.helpers.client import npy as npy_body
 
@@ -114,7 +115,7 @@ SIMPLE_SEEDS = {
        METADATA)
 def test_simple_types(kind_and_body, metadata):
     kind, body = kind_and_body
-    only_client_errors(simple.decode, body, kind, metadata, LIMIT)
+    only_client_errors(decode_inputs, body, kind, metadata, LIMIT)
 
 
 V2_JSON = (b'{"inputs": [{"name": "pixels", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}], '
@@ -187,4 +188,4 @@ def _utf8_flagged_name_that_is_not(body, central, end):
 def test_bodies_that_were_500_are_400_naming_the_fault(body, words):
     kind = simple.NPY if body.startswith(npy.MAGIC) else simple.NPZ
     with pytest.raises(BadRequest, match=words.replace("(", r"\(")):
-        simple.decode(body, kind, ONE, LIMIT)
+        decode_inputs(body, kind, ONE, LIMIT)
