@@ -24,16 +24,29 @@ Numbers, as decided (one rule for JSON, JSON Lines and CSV):
 
 Work whose cost grows with the body runs in slices of bounded size (slices.py), so a
 codec thread never holds the GIL for long while the event loop answers /ping.
+
+.npy is read as a view on the body (no copy) and written as header + buffer. numpy's own
+reader parses the header dict with `ast.literal_eval` (safe, but a cost every small
+request pays) and np.load would allocate whatever shape a tiny body claims. Here the
+header numpy writes, `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`, is
+matched by a strict pattern: a plain dtype string, a bool, a tuple of integers, and
+nothing else. Anything else (another writer's spelling) goes to numpy's reader, which
+evaluates literals only; object and structured dtypes are refused either way, so nothing
+from a request is ever unpickled. An .npz body's members (npz.py) are read the same way.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import re
+import struct
 
 import numpy as np
 
-from smserve.codecs import npy, npz, records, textout
+from smserve import memo
+from smserve.codecs import npz, records, textout
+from smserve.codecs.limits import MAX_DIMS
 # The media types stay importable beside the codec that takes them (tests and benchmarks read them here).
 from smserve.core.media import ALIASES, CSV, JSON, JSONLINES, MEDIA_TYPES, NPY, NPZ, REQUEST_TYPES, media_type  # noqa: F401
 from smserve.errors import BadRequest, NotAcceptable
@@ -74,9 +87,9 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata, max_bytes: i
             raise BadRequest(f"this model has several inputs ({input_names(metadata)}): a .npy body holds one array; "
                              f"send them in one {NPZ} body (np.savez, one array per input name) or as JSON "
                              f'{{"inputs": {{"<name>": [...], ...}}}}')
-        return npy.read(body)
+        return read_npy(body)
     if kind == NPZ:
-        arrays = npz.read(body, max_bytes if max_bytes is not None else DEFAULT_MAX_REQUEST_MB * MB)
+        arrays = read_npz(body, max_bytes if max_bytes is not None else DEFAULT_MAX_REQUEST_MB * MB)
         if len(arrays) == 1 and len(metadata.inputs) <= 1:
             # One array is the one input, whatever np.savez named it (arr_0 when unnamed).
             return next(iter(arrays.values()))
@@ -171,7 +184,7 @@ def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[
                 "ask for application/json"
             )
         try:
-            return npy.write(np.asarray(single)), NPY
+            return write_npy(np.asarray(single)), NPY
         except ValueError as e:
             raise NotAcceptable(f"{e}; ask for application/json") from None
     if accept == CSV:
@@ -200,3 +213,172 @@ def _predicted_labels(outputs: dict[str, np.ndarray], labels: dict[str, tuple[st
         column[:] = [names[i] if i < len(names) else str(i) for i in best]
         columns["predicted_label" if len(named) == 1 else f"{name}_predicted_label"] = column
     return columns
+
+
+# ---------------------------------------------------------------- .npy and .npz
+
+
+def read_npz(body: bytes, max_bytes: int) -> dict[str, np.ndarray]:
+    """An .npz body -> {name: array}, in the archive's order: each member read as a .npy
+    body is (read_npy), the archive's arrays inflated into at most max_bytes."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, data in npz.members(body, max_bytes):
+        try:
+            arrays[name] = read_npy(data)
+        except BadRequest as e:
+            raise BadRequest(f"the .npz member {(name + '.npy')[:80]!r}: {e.message}") from None
+    return arrays
+
+
+NPY_MAGIC = b"\x93NUMPY"
+# numpy >= 1.14 pads the header so the data starts on a 64-byte boundary.
+_NPY_ALIGN = 64
+# No real dimension has more digits than this (2**64 has 20).
+_MAX_DIM_DIGITS = 20
+_NPY_DESCR = r"""(?P<q>['"])(?P<descr>[<>|=]?[biuf][1-8])(?P=q)"""
+_NPY_ORDER = r"(?P<order>True|False)"
+_NPY_SHAPE = r"\((?P<shape>\s*(?:\d+\s*,\s*)*(?:\d+\s*)?)\)"
+_NPY_ENTRIES = {
+    "descr": _NPY_DESCR,
+    "fortran_order": _NPY_ORDER,
+    "shape": _NPY_SHAPE,
+}
+# numpy's order (keys sorted); other orders go to numpy's reader. No two quantifiers
+# here may take the same byte (as `\s*,?\s*` would): the match stays linear in the
+# header's length, whatever a client pads it with.
+_NPY_HEADER = re.compile(
+    r"\{\s*"
+    + r"\s*,\s*".join(rf"""['"]{key}['"]\s*:\s*{value}""" for key, value in _NPY_ENTRIES.items())
+    + r"\s*(?:,\s*)?\}\s*"
+)
+
+
+# A client sends one shape and dtype again and again, so each header's parse (and each
+# answer's header) is kept: a look-up instead of parsing and formatting each time.
+# Cleared when full, so a client varying its shapes costs memory for this many.
+NPY_HEADERS_KEPT = 256
+_npy_parsed: dict[bytes, tuple] = {}
+_npy_written: dict[tuple, bytes] = {}
+
+
+def read_npy(body: bytes) -> np.ndarray:
+    """A .npy body -> an array viewing the body's bytes (numeric dtypes only)."""
+    key = _npy_header_bytes(body)
+    known = _npy_parsed.get(key) if key is not None else None
+    if known is None:
+        known = _checked_npy_header(body)
+        if key is not None:
+            memo.keep(_npy_parsed, key, known, NPY_HEADERS_KEPT)
+    shape, fortran_order, dtype, offset, count = known
+    data = len(body) - offset
+    if count * dtype.itemsize != data:
+        raise BadRequest(
+            f"the .npy header declares shape {list(shape)} of {dtype} ({count * dtype.itemsize} bytes) "
+            f"but {data} bytes follow it"
+        )
+    try:
+        array = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
+        return array.reshape(shape, order="F" if fortran_order else "C")
+    except (ValueError, OverflowError) as e:  # e.g. a zero-size array with absurd dimensions
+        raise BadRequest(f"the .npy header declares an unusable shape {list(shape)}: {e}") from None
+
+
+def _npy_header_bytes(body: bytes) -> bytes | None:
+    """The magic, version 1.0 and header of a body as bytes (what the parse is kept
+    under), or None for any other version or a body too short to hold them."""
+    if len(body) < 10 or body[6:8] != b"\x01\x00":
+        return None
+    end = 10 + (body[8] | body[9] << 8)
+    return bytes(body[:end]) if end <= len(body) else None
+
+
+def _checked_npy_header(body: bytes) -> tuple[tuple, bool, np.dtype, int, int]:
+    """The header parsed and checked: shape, Fortran order, dtype, data offset, count."""
+    shape, fortran_order, dtype, offset = _parse_npy_header(body)
+    # type(), not isinstance: True and False are ints to isinstance, and no dimension.
+    if not all(type(d) is int and d >= 0 for d in shape) or len(shape) > MAX_DIMS:
+        raise BadRequest(f"the .npy header declares an invalid shape {shape!r}")
+    if dtype.hasobject:
+        raise BadRequest("the .npy body holds Python objects, which are never unpickled; send a numeric array")
+    if dtype.kind not in "biuf":
+        raise BadRequest(f"the .npy array has dtype {dtype}; send a numeric array")
+    count = 1
+    for dim in shape:
+        count *= dim
+    return shape, fortran_order, dtype, offset, count
+
+
+def _parse_npy_header(body: bytes) -> tuple[tuple, bool, np.dtype, int]:
+    if body[:6] != NPY_MAGIC or len(body) < 10:
+        raise BadRequest("body is not a valid .npy array: it does not start with the .npy magic string")
+    major = body[6]
+    if major == 1:
+        (length,), start = struct.unpack_from("<H", body, 8), 10
+    elif major in (2, 3):
+        if len(body) < 12:
+            raise BadRequest("body is not a valid .npy array: the header is cut short")
+        (length,), start = struct.unpack_from("<I", body, 8), 12
+    else:
+        raise BadRequest(f"body is not a valid .npy array: unknown format version {major}.{body[7]}")
+    end = start + length
+    if end > len(body):
+        raise BadRequest("body is not a valid .npy array: the header is cut short")
+    try:
+        text = body[start:end].decode("utf-8" if major == 3 else "latin1")
+    except UnicodeDecodeError:
+        raise BadRequest("body is not a valid .npy array: the header is not UTF-8") from None
+    match = _NPY_HEADER.fullmatch(text)
+    if match is None:
+        return (*_numpy_header(body), end)
+    dims = match["shape"].replace(",", " ").split()
+    if any(len(d) > _MAX_DIM_DIGITS for d in dims):  # (int() refuses 4,300+ digits: ValueError)
+        raise BadRequest(f"the .npy header declares an invalid shape ({match['shape'][:40]}...)")
+    shape = tuple(int(d) for d in dims)
+    try:
+        dtype = np.dtype(match["descr"])
+    except TypeError:  # a size numpy lacks: '<f5', '<i3'
+        raise BadRequest(f"the .npy header declares a dtype numpy does not have: {match['descr']!r}") from None
+    return shape, match["order"] == "True", dtype, end
+
+
+def _numpy_header(body: bytes) -> tuple[tuple, bool, np.dtype]:
+    """numpy's reader (literal evaluation only) for headers spelt another way."""
+    stream = io.BytesIO(body)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(stream)
+        return np.lib.format.read_array_header_2_0(stream)
+    except Exception as e:  # any malformed header: numpy raises many kinds
+        raise BadRequest(f"body is not a valid .npy array: {type(e).__name__}: {e}") from None
+
+
+def npy_header(array: np.ndarray) -> bytes:
+    """The .npy header np.save writes for a C-ordered array of this dtype and shape."""
+    key = (array.dtype, array.shape)
+    made = _npy_written.get(key)
+    if made is None:
+        made = memo.keep(_npy_written, key, _make_npy_header(array), NPY_HEADERS_KEPT)
+    return made
+
+
+def _make_npy_header(array: np.ndarray) -> bytes:
+    descr = np.lib.format.dtype_to_descr(array.dtype)
+    shape = "(" + "".join(f"{d}, " for d in array.shape)[:-2] + ("," if array.ndim == 1 else "") + ")"
+    text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {shape}, }}"
+    # magic(6) + version(2) + length(2) + text + padding + "\n", a multiple of _NPY_ALIGN.
+    size = len(text) + 1
+    pad = -(10 + size) % _NPY_ALIGN
+    if size + pad > 0xFFFF:  # only arrays of many dimensions need format 2.0
+        pad = -(12 + size) % _NPY_ALIGN
+        return NPY_MAGIC + b"\x02\x00" + struct.pack("<I", size + pad) + (text + " " * pad + "\n").encode("latin1")
+    return NPY_MAGIC + b"\x01\x00" + struct.pack("<H", size + pad) + (text + " " * pad + "\n").encode("latin1")
+
+
+def write_npy(array: np.ndarray) -> bytes:
+    """One .npy body: header + the array's memory, in one join (one copy of the data)."""
+    if array.dtype.hasobject or array.dtype.kind not in "biufc":
+        raise ValueError(f"an array of dtype {array.dtype} has no .npy form without pickling")
+    if not array.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+        array = array.copy(order="C")
+    return b"".join((npy_header(array), array.reshape(-1).view(np.uint8).data))
