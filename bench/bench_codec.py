@@ -6,11 +6,11 @@ encoding a binary response should cost about one copy (the tensor's bytes go int
 body once). JSON is shown for scale: it is the slow path the binary extension avoids.
 
 The second table is a realistic application/json batch (--batch records of 64 floats,
-an FP32 input, answers of 16 floats a record, issue 11): simple.decode beside the
-orjson route (orjson.loads, then a conversion of the parsed lists), beside simdjson's
-reader that the fast path now uses (jsondoc.c_doubles: C doubles, no Python float per
-number) and beside the record-by-record path every JSON body took before numeric
-records got a fast path.
+an FP32 input, answers of 16 floats a record, issue 11): decode_inputs (the body decoded
+and fitted to the model's input) beside the orjson route (orjson.loads, then a
+conversion of the parsed lists), beside simdjson's reader that the fast path now uses
+(jsondoc.c_doubles: C doubles, no Python float per number) and beside the
+record-by-record path every JSON body took before numeric records got a fast path.
 
     .venv/bin/python bench/bench_codec.py [--mib 64] [--json-mib 4] [--repeat 5] [--batch 256]
 
@@ -34,6 +34,7 @@ import orjson  # noqa: E402
 from smserve.codecs import records, simple, v2  # noqa: E402
 from smserve.codecs.records import jsondoc  # noqa: E402
 from smserve.core.metadata import ModelMetadata, TensorSpec  # noqa: E402
+from smserve.protocols.simple import decode_inputs, json_inputs  # noqa: E402
 
 MODEL = ModelMetadata(
     name="bench",
@@ -78,7 +79,7 @@ def round_trip(body: bytes, header_length: int | None) -> bytes:
 
 
 def simple_json_table(batch: int, repeat: int) -> None:
-    """simple.decode and simple.encode of one realistic JSON batch, beside their floors."""
+    """decode_inputs and simple.encode of one realistic JSON batch, beside their floors."""
     metadata = ModelMetadata(name="mlp", max_batch_size=batch, inputs=(TensorSpec("x", "FP32", (64,)),),
                              outputs=(TensorSpec("y", "FP32", (16,)),))
     rng = np.random.default_rng(0)
@@ -89,9 +90,9 @@ def simple_json_table(batch: int, repeat: int) -> None:
     # Sanity: the fast path is taken and gives what the record-by-record path gives.
     assert isinstance(simple.parse_json(body)["instances"], np.ndarray)
     assert jsondoc.c_doubles(body, body.index(b"["), "instances") is not None  # simdjson's reader takes it
-    fast = simple.decode(body, simple.JSON, metadata)["x"]
+    fast = decode_inputs(body, simple.JSON, metadata)["x"]
     assert fast.dtype == np.float32 and np.array_equal(fast, x)
-    assert np.array_equal(simple.decode_json(records.parse(body), metadata)["x"], x)
+    assert np.array_equal(json_inputs(records.parse(body), metadata)["x"], x)
 
     repeat = max(repeat, 200)  # each call is a millisecond or so: many tries, keep the best
     loads = best(lambda: orjson.loads(body), repeat)
@@ -101,9 +102,9 @@ def simple_json_table(batch: int, repeat: int) -> None:
         ("jsondoc.float64_records (orjson route's conversion)", best(lambda: jsondoc.float64_records(rows), repeat)),
         ("jsondoc.c_doubles (simdjson: parse + convert)",
          best(lambda: jsondoc.c_doubles(body, body.index(b"["), "instances"), repeat)),
-        ("simple.decode (numeric fast path)", best(lambda: simple.decode(body, simple.JSON, metadata), repeat)),
+        ("decode_inputs (numeric fast path)", best(lambda: decode_inputs(body, simple.JSON, metadata), repeat)),
         ("record-by-record path (parse, check, convert)",
-         best(lambda: simple.decode_json(records.parse(body), metadata), repeat)),
+         best(lambda: json_inputs(records.parse(body), metadata), repeat)),
         (f"simple.encode of {batch}x16 FP32", best(lambda: simple.encode(y, simple.JSON), repeat)),
     ]
     print()

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACER = ROOT / "tests" / "helpers" / "request_path"
 DOC = ROOT / "docs" / "architecture.md"
 # The path's length today: a module added to it must take one away. (The goal is 15.)
-MOST = 17
+MOST = 16
 
 
 def _base(module: str) -> bool:

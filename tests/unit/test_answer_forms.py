@@ -12,10 +12,10 @@ import numpy as np
 import orjson
 import pytest
 
-from smserve.codecs import npz, simple
+from smserve.codecs import simple
 from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.errors import BadRequest, NotAcceptable, PayloadTooLarge
-from smserve.protocols.simple import answer_labels
+from smserve.protocols.simple import answer_labels, decode_inputs
 
 OUTPUTS = {"probs": np.array([[0.1, 0.9], [0.8, 0.2]], dtype=np.float32), "score": np.array([3, 4], dtype=np.int64)}
 RECORDS = [{"probs": [0.1, 0.9], "score": 3}, {"probs": [0.8, 0.2], "score": 4}]
@@ -116,7 +116,7 @@ def test_labels_asked_of_a_model_without_labels_are_406():
     b'[{"image": [1, 2], "meta": [5]}, {"image": [3, 4], "meta": [6]}]',
 ])
 def test_every_json_form_of_a_model_of_two_inputs(body, max_batch_size):
-    inputs = simple.decode(body, "application/json", two_inputs(max_batch_size))
+    inputs = decode_inputs(body, "application/json", two_inputs(max_batch_size))
     assert inputs["image"].tolist() == [[1, 2], [3, 4]] and inputs["image"].dtype == np.float32
     assert inputs["meta"].tolist() == [[5], [6]] and inputs["meta"].dtype == np.int64
 
@@ -129,14 +129,14 @@ def test_every_json_form_of_a_model_of_two_inputs(body, max_batch_size):
     (b'{"instances": [[1, 2, 3], [4, 5, 6]]}', "application/json"),
 ])
 def test_a_model_of_one_input_takes_it_by_name_as_well(body, content_type):
-    assert simple.decode(body, content_type, ONE)["tokens"].tolist() == [[1, 2, 3], [4, 5, 6]]
+    assert decode_inputs(body, content_type, ONE)["tokens"].tolist() == [[1, 2, 3], [4, 5, 6]]
 
 
 def test_npy_for_a_model_of_two_inputs_names_the_content_type_to_use():
     buffer = io.BytesIO()
     np.save(buffer, np.ones((2, 2), np.float32))
     with pytest.raises(BadRequest, match=r"several inputs \(image, meta\).*application/x-npz"):
-        simple.decode(buffer.getvalue(), "application/x-npy", two_inputs(8))
+        decode_inputs(buffer.getvalue(), "application/x-npy", two_inputs(8))
 
 
 # ---------------------------------------------------------------- .npz
@@ -151,7 +151,7 @@ def savez(compressed: bool = False, **arrays) -> bytes:
 @pytest.mark.parametrize("compressed", [False, True])
 def test_npz_holds_one_array_per_input_name(compressed):
     body = savez(compressed, image=np.array([[1, 2], [3, 4]], np.float32), meta=np.array([[5], [6]]))
-    inputs = simple.decode(body, "application/x-npz", two_inputs(8))
+    inputs = decode_inputs(body, "application/x-npz", two_inputs(8))
     assert inputs["image"].tolist() == [[1, 2], [3, 4]] and inputs["meta"].tolist() == [[5], [6]]
     assert inputs["meta"].dtype == np.int64
 
@@ -159,21 +159,21 @@ def test_npz_holds_one_array_per_input_name(compressed):
 def test_npz_of_one_array_feeds_a_model_of_one_input_whatever_its_name():
     buffer = io.BytesIO()
     np.savez(buffer, np.array([[1, 2, 3]]))  # unnamed: arr_0
-    assert simple.decode(buffer.getvalue(), "application/x-npz", ONE)["tokens"].tolist() == [[1, 2, 3]]
+    assert decode_inputs(buffer.getvalue(), "application/x-npz", ONE)["tokens"].tolist() == [[1, 2, 3]]
 
 
 def test_npz_names_a_missing_or_unknown_input():
     with pytest.raises(BadRequest, match="missing input 'meta'"):
-        simple.decode(savez(image=np.ones((1, 2))), "application/x-npz", two_inputs(8))
+        decode_inputs(savez(image=np.ones((1, 2))), "application/x-npz", two_inputs(8))
     with pytest.raises(BadRequest, match="unexpected input 'other'"):
-        simple.decode(savez(image=np.ones((1, 2)), meta=np.ones((1, 1)), other=np.ones(1)), "application/x-npz",
+        decode_inputs(savez(image=np.ones((1, 2)), meta=np.ones((1, 1)), other=np.ones(1)), "application/x-npz",
                       two_inputs(8))
 
 
 def test_npz_never_unpickles():
     body = savez(image=np.array([{"a": 1}], dtype=object))
     with pytest.raises(BadRequest, match="never unpickled"):
-        npz.read(body, 1 << 20)
+        simple.read_npz(body, 1 << 20)
 
 
 def test_a_compressed_member_inflates_within_the_limit():
@@ -181,8 +181,8 @@ def test_a_compressed_member_inflates_within_the_limit():
     body = savez(True, image=np.zeros((1 << 23,), np.float64))
     assert len(body) < 1 << 20
     with pytest.raises(PayloadTooLarge, match="exceed the maximum allowed size of 1048576 bytes"):
-        npz.read(body, 1 << 20)
-    assert npz.read(body, (64 << 20) + 4096)["image"].shape == (1 << 23,)
+        simple.read_npz(body, 1 << 20)
+    assert simple.read_npz(body, (64 << 20) + 4096)["image"].shape == (1 << 23,)
 
 
 @pytest.mark.parametrize("body, words", [
@@ -192,7 +192,7 @@ def test_a_compressed_member_inflates_within_the_limit():
 ])
 def test_a_body_that_is_no_npz_is_400(body, words):
     with pytest.raises(BadRequest, match=words):
-        npz.read(body, 1 << 20)
+        simple.read_npz(body, 1 << 20)
 
 
 def test_a_member_that_is_not_npy_is_400():
@@ -200,9 +200,9 @@ def test_a_member_that_is_not_npy_is_400():
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("image.txt", b"1,2")
     with pytest.raises(BadRequest, match="not a .npy array"):
-        npz.read(buffer.getvalue(), 1 << 20)
+        simple.read_npz(buffer.getvalue(), 1 << 20)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("image.npy", b"\x93NUMPY garbage")
     with pytest.raises(BadRequest, match="the .npz member 'image.npy': body is not a valid .npy array"):
-        npz.read(buffer.getvalue(), 1 << 20)
+        simple.read_npz(buffer.getvalue(), 1 << 20)

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from smserve.codecs import contentcoding, npy, npz, simple, v2
+from smserve.codecs import contentcoding, simple, v2
 from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.errors import BadRequest, HTTPError
+from smserve.protocols.simple import decode_inputs
 
 from tests.helpers.client import npy as npy_body
 
@@ -83,19 +84,19 @@ def npy_headers(draw) -> bytes:
     order = draw(st.booleans())
     text = f"{{'descr': '{descr}', 'fortran_order': {order}, 'shape': ({''.join(f'{d}, ' for d in shape)}), }}"
     header = text.encode("latin1") + b"\n"
-    return npy.MAGIC + b"\x01\x00" + len(header).to_bytes(2, "little") + header + draw(st.binary(max_size=64))
+    return simple.NPY_MAGIC + b"\x01\x00" + len(header).to_bytes(2, "little") + header + draw(st.binary(max_size=64))
 
 
 @FUZZ
 @given(st.one_of(mutated(*NPY_SEEDS), npy_headers()))
 def test_npy(body):
-    only_client_errors(npy.read, body)
+    only_client_errors(simple.read_npy, body)
 
 
 @FUZZ
 @given(mutated(*NPZ_SEEDS))
 def test_npz(body):
-    only_client_errors(npz.read, body, LIMIT)
+    only_client_errors(simple.read_npz, body, LIMIT)
 
 
 SIMPLE_SEEDS = {
@@ -114,7 +115,7 @@ SIMPLE_SEEDS = {
        METADATA)
 def test_simple_types(kind_and_body, metadata):
     kind, body = kind_and_body
-    only_client_errors(simple.decode, body, kind, metadata, LIMIT)
+    only_client_errors(decode_inputs, body, kind, metadata, LIMIT)
 
 
 V2_JSON = (b'{"inputs": [{"name": "pixels", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}], '
@@ -185,6 +186,6 @@ def _utf8_flagged_name_that_is_not(body, central, end):
     (_npz_edited(_utf8_flagged_name_that_is_not), "UnicodeDecodeError"),
 ], ids=["npy-f5", "npy-i3", "npz-zip-version", "npz-negative-seek", "npz-utf8-name"])
 def test_bodies_that_were_500_are_400_naming_the_fault(body, words):
-    kind = simple.NPY if body.startswith(npy.MAGIC) else simple.NPZ
+    kind = simple.NPY if body.startswith(simple.NPY_MAGIC) else simple.NPZ
     with pytest.raises(BadRequest, match=words.replace("(", r"\(")):
-        simple.decode(body, kind, ONE, LIMIT)
+        decode_inputs(body, kind, ONE, LIMIT)

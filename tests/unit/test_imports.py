@@ -146,7 +146,7 @@ def test_imports_go_only_downwards():
 def test_an_upward_import_is_found():
     graph = {"smserve.engine.batching.runner": {"smserve.engine.hooks.script"},
              "smserve.routes.app": {"smserve.streaming.session"},
-             "smserve.engine.worker.server": {"smserve.codecs.npy"}}
+             "smserve.engine.worker.server": {"smserve.codecs.simple"}}
     assert len(_upward(graph)) == 3
 
 

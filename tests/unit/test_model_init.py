@@ -156,12 +156,12 @@ def test_the_server_refuses_a_pickled_module_with_the_same_words(tmp_path):
 
 
 def test_the_metadata_written_for_torchscript_serves_a_batch_of_records(tmp_path):
-    from smserve.codecs import simple
+    from smserve.protocols.simple import decode_inputs
 
     (tmp_path / "m").mkdir()
     torch.jit.save(torch.jit.script(torch.nn.Linear(4, 2)), str(tmp_path / "m" / "model.pt"))
     init.main([str(tmp_path / "m")])
-    inputs = simple.decode(b"1,2,3,4\n5,6,7,8\n9,10,11,12\n", "text/csv", ModelMetadata.load(str(tmp_path / "m")))
+    inputs = decode_inputs(b"1,2,3,4\n5,6,7,8\n9,10,11,12\n", "text/csv", ModelMetadata.load(str(tmp_path / "m")))
     assert inputs["input"].shape == (3, 4)
 
 

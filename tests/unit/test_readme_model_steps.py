@@ -12,8 +12,8 @@ import torch
 
 from tests.helpers.server import ROOT
 from model import init
-from smserve.codecs import simple
 from smserve.core.metadata import ModelMetadata
+from smserve.protocols.simple import decode_inputs
 
 
 class MyModel(torch.nn.Module):
@@ -47,5 +47,5 @@ def test_step_one_then_two_make_a_model_directory_that_takes_a_batch_of_records(
     assert init.main(["my-model"]) == 0  # step 2: make new-model DIR=my-model
     metadata = ModelMetadata.load(str(tmp_path / "my-model"))
     rows = b"".join(b",".join(b"1" for _ in range(64)) + b"\n" for _ in range(3))
-    (array,) = simple.decode(rows, "text/csv", metadata).values()
+    (array,) = decode_inputs(rows, "text/csv", metadata).values()
     assert array.shape == (3, 64)

@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from smserve.codecs import records, simple, slices
+from smserve.codecs import records, slices
 from smserve.errors import BadRequest
 from smserve.core.metadata import ModelMetadata, TensorSpec
+from smserve.protocols.simple import decode_inputs
 
 MB = 1 << 20
 WHOLE = 1 << 40  # a slice size no test body reaches: one call
@@ -167,7 +168,7 @@ def test_the_event_loop_keeps_the_gil_while_a_long_line_is_read():
     second)."""
     body = b"1," * (4 * MB) + b"1\n"  # 8 MB, one line of 4,194,305 columns; any width is taken
     shapes = []
-    waited = gil_wait(lambda: shapes.append(simple.decode(body, "text/csv", ANY_WIDTH)["x"].shape))
+    waited = gil_wait(lambda: shapes.append(decode_inputs(body, "text/csv", ANY_WIDTH)["x"].shape))
     assert shapes[0] == (1, 4 * MB + 1)
     assert waited < 0.3, f"the loop's thread waited {waited * 1000:.0f} ms for the GIL"
 
@@ -211,7 +212,7 @@ def test_crlf_long_lines_are_taken():
 def test_a_line_wider_than_the_models_input_is_refused_before_its_cells_are_read(loadtxt_reads):
     body = b"1," * (25 * MB) + b"1\n"  # 50 MB, 26,214,401 columns
     start = time.perf_counter()
-    message = error_of(simple.decode, body, "text/csv", WIDE)
+    message = error_of(decode_inputs, body, "text/csv", WIDE)
     assert message == "CSV line 1 has 26214401 columns; input 'x' takes at most 64"
     assert loadtxt_reads == []
     assert time.perf_counter() - start < 2  # (before: 56 s, the GIL held for 15 s of it)
@@ -219,12 +220,12 @@ def test_a_line_wider_than_the_models_input_is_refused_before_its_cells_are_read
 
 def test_fifty_megabytes_of_commas_are_refused_at_once():
     start = time.perf_counter()
-    message = error_of(simple.decode, b"," * (50 * MB), "text/csv", WIDE)
+    message = error_of(decode_inputs, b"," * (50 * MB), "text/csv", WIDE)
     assert message == "CSV line 1 has 52428801 columns; input 'x' takes at most 64"
     assert time.perf_counter() - start < 2  # (before: 4-6 s, the GIL held for 1.7-2.3 s of it)
     # A model that takes any width hears what is wrong with the first cell, as soon.
     start = time.perf_counter()
-    assert error_of(simple.decode, b"," * (50 * MB), "text/csv", ANY_WIDTH) == "CSV line 1, column 1: '' is not a number"
+    assert error_of(decode_inputs, b"," * (50 * MB), "text/csv", ANY_WIDTH) == "CSV line 1, column 1: '' is not a number"
     assert time.perf_counter() - start < 2
 
 
@@ -237,17 +238,17 @@ def test_fifty_megabytes_of_commas_are_refused_at_once():
                                                          "every record needs the same number of columns"),
 ])
 def test_too_wide_csv_names_the_line_and_the_columns_the_input_takes(body, metadata, message):
-    assert error_of(simple.decode, body, "text/csv", metadata) == message
+    assert error_of(decode_inputs, body, "text/csv", metadata) == message
 
 
 def test_widths_the_model_takes_are_still_taken():
-    assert simple.decode(b"1,2,3,4\n5,6,7,8\n", "text/csv", IMAGES)["image"].shape == (2, 2, 2)
-    assert simple.decode(b"1,2\n3,4\n", "text/csv", IMAGES)["image"].shape == (1, 2, 2)  # one whole sample
-    assert simple.decode(b"1," * 99_999 + b"1\n", "text/csv", ANY_WIDTH)["x"].shape == (1, 100_000)
-    narrow = error_of(simple.decode, b"1,2,3\n", "text/csv", WIDE)
+    assert decode_inputs(b"1,2,3,4\n5,6,7,8\n", "text/csv", IMAGES)["image"].shape == (2, 2, 2)
+    assert decode_inputs(b"1,2\n3,4\n", "text/csv", IMAGES)["image"].shape == (1, 2, 2)  # one whole sample
+    assert decode_inputs(b"1," * 99_999 + b"1\n", "text/csv", ANY_WIDTH)["x"].shape == (1, 100_000)
+    narrow = error_of(decode_inputs, b"1,2,3\n", "text/csv", WIDE)
     assert narrow == "input 'x': expected shape [-1, 64], got [1, 3]"  # narrower: the shape check says so
     # Several inputs: CSV holds no names; the usual refusal, whatever the width.
-    assert "several inputs" in error_of(simple.decode, b"1," * 99_999 + b"1\n", "text/csv", TWO)
+    assert "several inputs" in error_of(decode_inputs, b"1," * 99_999 + b"1\n", "text/csv", TWO)
 
 
 # ------------------------------------------------------------------ JSON Lines
@@ -290,6 +291,6 @@ def test_a_long_json_lines_error_is_the_one_its_line_always_had(body, message):
 def test_the_event_loop_keeps_the_gil_while_a_long_json_line_is_read():
     body = b"[" + b"1," * (8 * MB) + b"1]\n"  # 16 MB, one record of 8,388,609 numbers (one C call: ~1 s)
     shapes = []
-    waited = gil_wait(lambda: shapes.append(simple.decode(body, "application/jsonlines", ANY_WIDTH)["x"].shape))
+    waited = gil_wait(lambda: shapes.append(decode_inputs(body, "application/jsonlines", ANY_WIDTH)["x"].shape))
     assert shapes[0] == (1, 8 * MB + 1)
     assert waited < 0.3, f"the loop's thread waited {waited * 1000:.0f} ms for the GIL"

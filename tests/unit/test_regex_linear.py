@@ -28,7 +28,7 @@ from gunicorn.http.errors import ParseException
 from deploy import codec as deploy_codec, invoke as deploy_invoke, push as deploy_push
 from local_test import runtime as local_runtime
 from local_test.batch_transform import records as local_records
-from smserve.codecs import npy, npz, simple
+from smserve.codecs import simple
 from smserve.codecs.records import csvrows, jsondoc
 from smserve.codecs.v2 import header as v2_header
 from smserve.core import session_ids
@@ -68,7 +68,7 @@ def _refused(apply: Callable) -> Callable:
 def _npy_body(text: str) -> bytes:
     """A .npy body (format 2.0: a header of any length) whose header is `text`."""
     raw = text.encode("latin-1")
-    return npy.MAGIC + b"\x02\x00" + struct.pack("<I", len(raw)) + raw
+    return simple.NPY_MAGIC + b"\x02\x00" + struct.pack("<I", len(raw)) + raw
 
 
 def _npz_body(text: str) -> bytes:
@@ -140,17 +140,17 @@ def _tool_cases():
 def _cases():
     table = _route_table()
     return [
-        # ---- .npy headers (codecs/npy.py): the pattern, and a body through npy.read and npz.read
-        ("npy-header-trailing-blanks", npy._HEADER.fullmatch, lambda n: NPY_PREFIX + " " * n),
-        ("npy-header-comma-blanks", npy._HEADER.fullmatch, lambda n: NPY_PREFIX + "," + " " * n + "x"),
-        ("npy-header-open-blanks", npy._HEADER.fullmatch, lambda n: "{" + " " * n),
-        ("npy-header-key-blanks", npy._HEADER.fullmatch, lambda n: "{'descr'" + " " * n),
-        ("npy-header-shape-blanks", npy._HEADER.fullmatch, lambda n: NPY_SHAPE + "(" + " " * n),
-        ("npy-header-shape-digits", npy._HEADER.fullmatch, lambda n: NPY_SHAPE + "(" + "1" * n),
-        ("npy-header-shape-dims", npy._HEADER.fullmatch, lambda n: NPY_SHAPE + "(" + "1, " * (n // 3)),
-        ("npy-header-shape-dim-blanks", npy._HEADER.fullmatch, lambda n: NPY_SHAPE + "(1" + " " * n),
-        ("npy-read-trailing-blanks", _refused(npy.read), lambda n: _npy_body(NPY_PREFIX + " " * n)),
-        ("npz-read-trailing-blanks", _refused(lambda body: npz.read(body, 1 << 30)),
+        # ---- .npy headers (codecs/simple.py): the pattern, and a body through read_npy and read_npz
+        ("npy-header-trailing-blanks", simple._NPY_HEADER.fullmatch, lambda n: NPY_PREFIX + " " * n),
+        ("npy-header-comma-blanks", simple._NPY_HEADER.fullmatch, lambda n: NPY_PREFIX + "," + " " * n + "x"),
+        ("npy-header-open-blanks", simple._NPY_HEADER.fullmatch, lambda n: "{" + " " * n),
+        ("npy-header-key-blanks", simple._NPY_HEADER.fullmatch, lambda n: "{'descr'" + " " * n),
+        ("npy-header-shape-blanks", simple._NPY_HEADER.fullmatch, lambda n: NPY_SHAPE + "(" + " " * n),
+        ("npy-header-shape-digits", simple._NPY_HEADER.fullmatch, lambda n: NPY_SHAPE + "(" + "1" * n),
+        ("npy-header-shape-dims", simple._NPY_HEADER.fullmatch, lambda n: NPY_SHAPE + "(" + "1, " * (n // 3)),
+        ("npy-header-shape-dim-blanks", simple._NPY_HEADER.fullmatch, lambda n: NPY_SHAPE + "(1" + " " * n),
+        ("npy-read-trailing-blanks", _refused(simple.read_npy), lambda n: _npy_body(NPY_PREFIX + " " * n)),
+        ("npz-read-trailing-blanks", _refused(lambda body: simple.read_npz(body, 1 << 30)),
          lambda n: _npz_body(NPY_PREFIX + " " * n)),
         # ---- CSV cells (codecs/records/csvrows.py): the patterns, and through the codec
         ("csv-finite-digits", csvrows._FINITE.fullmatch, lambda n: "1" * n + "x"),

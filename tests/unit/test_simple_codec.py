@@ -15,6 +15,7 @@ from smserve.codecs import records, simple, v2
 from smserve.codecs.records import jsondoc
 from smserve.errors import BadRequest, NotAcceptable
 from smserve.core.metadata import ModelMetadata, TensorSpec
+from smserve.protocols.simple import decode_inputs, json_inputs, shape_inputs
 
 from tests.helpers.client import npy
 
@@ -25,7 +26,7 @@ TWO = ModelMetadata(name="t", max_batch_size=8, inputs=(TensorSpec("a", "FP32", 
 
 
 def decode(body, content_type, metadata=DIGITS):
-    return simple.decode(body, content_type, metadata)
+    return decode_inputs(body, content_type, metadata)
 
 
 @pytest.mark.parametrize("body", [
@@ -43,13 +44,13 @@ def test_a_single_record_gets_its_batch_dimension():
 
 
 def test_csv_rows_are_reshaped_to_the_sample_shape_and_typed():
-    out = simple.decode(b"1,2,3,4\r\n5,6,7,8\r\n\r\n", "text/csv", IMAGES)["image"]
+    out = decode_inputs(b"1,2,3,4\r\n5,6,7,8\r\n\r\n", "text/csv", IMAGES)["image"]
     assert out.dtype == np.uint8 and out.shape == (2, 2, 2)
 
 
 def test_fractional_values_for_an_integer_input_are_refused():
     with pytest.raises(BadRequest, match="UINT8"):
-        simple.decode(b"1,2,3,4.5\n", "text/csv", IMAGES)
+        decode_inputs(b"1,2,3,4.5\n", "text/csv", IMAGES)
 
 
 FLAGS = ModelMetadata(name="f", max_batch_size=8, inputs=(TensorSpec("on", "BOOL", (2,)),))
@@ -74,7 +75,7 @@ UNSIGNED = ModelMetadata(name="u", max_batch_size=8, inputs=(TensorSpec("id", "U
 ])
 def test_integers_an_input_cannot_hold_are_400_not_wrapped(body, content_type, metadata, words):
     with pytest.raises(BadRequest) as info:
-        simple.decode(body, content_type, metadata)
+        decode_inputs(body, content_type, metadata)
     assert info.value.status == 400 and words in info.value.message
 
 
@@ -87,7 +88,7 @@ def test_integers_an_input_cannot_hold_are_400_not_wrapped(body, content_type, m
     (npy(np.array([[-(2**63)]], dtype=np.int64)), "application/x-npy", WIDE, [[-(2**63)]]),
 ])
 def test_integers_at_the_edges_of_their_type_are_taken(body, content_type, metadata, expected):
-    out = next(iter(simple.decode(body, content_type, metadata).values()))
+    out = next(iter(decode_inputs(body, content_type, metadata).values()))
     assert out.tolist() == expected
 
 
@@ -107,12 +108,12 @@ def test_npy_round_trip_and_no_pickle():
 
 
 def test_several_inputs_by_name():
-    out = simple.decode(b'{"inputs": {"a": [[1, 2]], "b": [[3]]}}', "application/json", TWO)
+    out = decode_inputs(b'{"inputs": {"a": [[1, 2]], "b": [[3]]}}', "application/json", TWO)
     assert out["a"].dtype == np.float32 and out["b"].dtype == np.int64
-    out = simple.decode(b'{"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5], "b": [6]}]}', "application/json", TWO)
+    out = decode_inputs(b'{"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5], "b": [6]}]}', "application/json", TWO)
     assert out["a"].shape == (2, 2) and out["b"].shape == (2, 1)
     with pytest.raises(BadRequest, match="missing input 'b'"):
-        simple.decode(b'{"inputs": {"a": [[1, 2]]}}', "application/json", TWO)
+        decode_inputs(b'{"inputs": {"a": [[1, 2]]}}', "application/json", TWO)
 
 
 @pytest.mark.parametrize("body, content_type, words", [
@@ -211,12 +212,12 @@ def test_non_numbers_and_non_finite_numbers_are_400(body, content_type, words):
 
 def test_several_inputs_name_the_input_and_record():
     with pytest.raises(BadRequest, match=r"input 'b', record 2: null is not a number"):
-        simple.decode(b'{"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5], "b": null}]}', "application/json", TWO)
+        decode_inputs(b'{"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5], "b": null}]}', "application/json", TWO)
 
 
 def test_a_record_without_one_of_several_inputs_is_named():
     with pytest.raises(BadRequest) as info:
-        simple.decode(b'{"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5]}]}', "application/json", TWO)
+        decode_inputs(b'{"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5]}]}', "application/json", TWO)
     assert info.value.message == "record 2: missing input 'b'"
 
 
@@ -242,24 +243,24 @@ def assert_same_inputs(a: dict, b: dict):
 
 
 def test_json_lines_take_one_record_of_named_inputs_a_line():
-    out = simple.decode(jsonl(*PEOPLE_RECORDS), "application/jsonlines", PEOPLE)
-    assert_same_inputs(out, simple.decode(orjson.dumps({"instances": PEOPLE_RECORDS}), "application/json", PEOPLE))
+    out = decode_inputs(jsonl(*PEOPLE_RECORDS), "application/jsonlines", PEOPLE)
+    assert_same_inputs(out, decode_inputs(orjson.dumps({"instances": PEOPLE_RECORDS}), "application/json", PEOPLE))
     assert out["age"].dtype == np.float32 and out["age"].tolist() == [[31], [42.5], [0]]
     assert out["income"].dtype == np.int64 and out["income"].tolist() == [[1000, 2], [3, 4], [-5, 6]]
 
 
 def test_json_lines_named_records_may_sit_under_a_record_key_and_carry_other_keys():
     body = jsonl({"inputs": PEOPLE_RECORDS[0]}, {**PEOPLE_RECORDS[1], "id": "b-17"}, {"instances": PEOPLE_RECORDS[2]})
-    assert_same_inputs(simple.decode(body, "application/jsonlines", PEOPLE),
-                       simple.decode(jsonl(*PEOPLE_RECORDS), "application/jsonlines", PEOPLE))
+    assert_same_inputs(decode_inputs(body, "application/jsonlines", PEOPLE),
+                       decode_inputs(jsonl(*PEOPLE_RECORDS), "application/jsonlines", PEOPLE))
 
 
 def test_many_json_lines_of_named_inputs_equal_simple_json():
     rng = np.random.default_rng(7)
     rows = [{"age": [round(float(a), 3)], "income": [int(i), int(j)]}
             for a, i, j in zip(rng.random(20_000) * 90, rng.integers(0, 10**6, 20_000), rng.integers(-9, 9, 20_000))]
-    assert_same_inputs(simple.decode(jsonl(*rows), "application/jsonlines", PEOPLE),
-                       simple.decode(orjson.dumps({"instances": rows}), "application/json", PEOPLE))
+    assert_same_inputs(decode_inputs(jsonl(*rows), "application/jsonlines", PEOPLE),
+                       decode_inputs(orjson.dumps({"instances": rows}), "application/json", PEOPLE))
 
 
 @pytest.mark.parametrize("body, message", [
@@ -283,7 +284,7 @@ def test_many_json_lines_of_named_inputs_equal_simple_json():
 ])
 def test_json_lines_of_named_inputs_name_the_line_at_fault(body, message):
     with pytest.raises(BadRequest) as info:
-        simple.decode(body, "application/jsonlines", PEOPLE)
+        decode_inputs(body, "application/jsonlines", PEOPLE)
     assert info.value.status == 400 and info.value.message.startswith(message), info.value.message
 
 
@@ -352,7 +353,7 @@ def _rows_with(record: int, bad: bytes, rows: int = 50_000, csv: bool = True) ->
 ])
 def test_a_value_an_input_cannot_hold_names_its_record(body, content_type, metadata, message):
     with pytest.raises(BadRequest) as info:
-        simple.decode(body, content_type, metadata)
+        decode_inputs(body, content_type, metadata)
     assert info.value.status == 400 and info.value.message == message
 
 
@@ -364,7 +365,7 @@ def test_the_record_named_is_counted_along_dimension_0():
     spec = ModelMetadata(name="any", max_batch_size=8, inputs=(TensorSpec("x", "INT64", (-1,)),))
     for array, record in ((one, 1), (many, 3_000_000)):
         with pytest.raises(BadRequest) as info:
-            simple.shape_inputs(array, spec)
+            shape_inputs(array, spec)
         assert info.value.message == f"input 'x' takes INT64 values; got a fractional number in record {record}: 0.5"
 
 
@@ -478,11 +479,11 @@ def outcome(fn, *args):
 
 def record_by_record(body: bytes, metadata):
     """The path every JSON body took before the fast path: parse, then check and convert."""
-    return simple.decode_json(records.parse(body), metadata)
+    return json_inputs(records.parse(body), metadata)
 
 
 def assert_same_as_record_by_record(body: bytes, metadata):
-    fast = outcome(simple.decode, body, "application/json", metadata)
+    fast = outcome(decode_inputs, body, "application/json", metadata)
     slow = outcome(record_by_record, body, metadata)
     assert fast[0] == slow[0], (body[:80], fast, slow)
     if fast[0] == "error":
@@ -757,7 +758,7 @@ def test_a_bad_value_in_a_sample_sent_as_several_csv_lines_names_its_line():
     the line that holds the value, as for any CSV body."""
     metadata = ModelMetadata(name="m", max_batch_size=8, inputs=(TensorSpec("x", "UINT8", (2, 3)),))
     with pytest.raises(BadRequest, match=r"^input 'x': a value is out of range for UINT8 in record 2: 300$"):
-        simple.decode(b"1,2,3\n4,5,300\n", "text/csv", metadata)
+        decode_inputs(b"1,2,3\n4,5,300\n", "text/csv", metadata)
     metadata = ModelMetadata(name="m", max_batch_size=8, inputs=(TensorSpec("x", "FP32", (2, 3)),))
     with pytest.raises(BadRequest, match=r"out of range for FP32 in record 2: 1e\+39$"):
-        simple.decode(b"1,2,3\n4,5,1e39\n", "text/csv", metadata)
+        decode_inputs(b"1,2,3\n4,5,1e39\n", "text/csv", metadata)

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from smserve.codecs import simple, v2
+from smserve.codecs import v2
 from smserve.errors import BadRequest
 from smserve.core.metadata import ModelMetadata, TensorSpec
 from smserve.engine.model.derived import from_torchscript
 from smserve.engine.worker.loaded_model import load
+from smserve.protocols.simple import decode_inputs
 
 from tests.helpers.client import npy
 
@@ -58,7 +59,7 @@ X = np.arange(3 * 64, dtype=np.float32).reshape(3, 64) / 100
     (npy(X), "application/x-npy"),
 ])
 def test_records_of_an_unknown_shape_reach_the_model_as_sent(body, content_type):
-    inputs = simple.decode(body, content_type, UNKNOWN)
+    inputs = decode_inputs(body, content_type, UNKNOWN)
     assert list(inputs) == ["input"]
     np.testing.assert_allclose(inputs["input"], X, rtol=1e-6)
     assert inputs["input"].dtype == np.float32
@@ -66,14 +67,14 @@ def test_records_of_an_unknown_shape_reach_the_model_as_sent(body, content_type)
 
 def test_any_rank_is_taken_when_the_shape_is_unknown():
     for array in (np.zeros(5, np.float32), np.zeros((2, 3, 4), np.float32), np.float32(1.5)):
-        assert simple.decode(npy(array), "application/x-npy", UNKNOWN)["input"].shape == np.shape(array)
+        assert decode_inputs(npy(array), "application/x-npy", UNKNOWN)["input"].shape == np.shape(array)
     # A model without any metadata (model_fn, no metadata.json) takes records too.
-    assert simple.decode(b"1,2,3\n4,5,6\n", "text/csv", ModelMetadata())["input__0"].shape == (2, 3)
+    assert decode_inputs(b"1,2,3\n4,5,6\n", "text/csv", ModelMetadata())["input__0"].shape == (2, 3)
 
 
 def test_a_known_shape_is_still_checked():
     with pytest.raises(BadRequest, match=r"expected shape \[-1\], got \[3, 64\]"):
-        simple.decode(npy(X), "application/x-npy", ONE_DIM)
+        decode_inputs(npy(X), "application/x-npy", ONE_DIM)
     v2_body = json.dumps({"inputs": [{"name": "input", "shape": [3, 64], "datatype": "FP32",
                                       "data": X.ravel().tolist()}]}).encode()
     with pytest.raises(BadRequest, match="unexpected shape"):
@@ -81,9 +82,9 @@ def test_a_known_shape_is_still_checked():
 
 
 def test_a_batching_model_of_unknown_shape_needs_a_batch_dimension():
-    assert simple.decode(npy(X), "application/x-npy", UNKNOWN_BATCHED)["input"].shape == (3, 64)
+    assert decode_inputs(npy(X), "application/x-npy", UNKNOWN_BATCHED)["input"].shape == (3, 64)
     with pytest.raises(BadRequest, match="batch dimension"):
-        simple.decode(npy(np.float32(1)), "application/x-npy", UNKNOWN_BATCHED)
+        decode_inputs(npy(np.float32(1)), "application/x-npy", UNKNOWN_BATCHED)
     scalar = json.dumps({"inputs": [{"name": "input", "shape": [], "datatype": "FP32", "data": [1.0]}]}).encode()
     with pytest.raises(BadRequest, match="unexpected shape"):
         v2.decode_request(scalar, None, UNKNOWN_BATCHED)
@@ -124,7 +125,7 @@ def test_a_loaded_torchscript_model_serves_a_batch_of_records_and_the_log_says_w
     with caplog.at_level(logging.INFO, logger="smserve.engine"):
         loaded = load(str(tmp_path), torch.device("cpu"))
     assert loaded.warm_up() is False  # nothing to warm up with: the shape is not known
-    inputs = simple.decode("".join(",".join(f"{v:g}" for v in row) + "\n" for row in X).encode(), "text/csv",
+    inputs = decode_inputs("".join(",".join(f"{v:g}" for v in row) + "\n" for row in X).encode(), "text/csv",
                            loaded.metadata)
     outputs = loaded.predict(inputs)
     np.testing.assert_allclose(outputs["output__0"], net(torch.from_numpy(X)).detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -1,20 +1,19 @@
-"""NumPy .npz bodies (np.savez, np.savez_compressed): several named arrays in one zip.
+"""NumPy .npz bodies (np.savez, np.savez_compressed): several named arrays in one zip,
+its members taken out here.
 
-Each member `<name>.npy` is read by npy.read, so the same rules hold as for a .npy body:
-numeric dtypes only and nothing unpickled (what np.load's allow_pickle=False promises),
-and a header's shape checked against the bytes that follow it before any array exists.
-A compressed member is inflated into at most `max_bytes` over the whole archive, as a
-body sent with Content-Encoding is, so a small body cannot claim a big array.
+Each member `<name>.npy` is read by simple.read_npy, so the same rules hold as for a .npy
+body: numeric dtypes only and nothing unpickled (what np.load's allow_pickle=False
+promises), and a header's shape checked against the bytes that follow it before any
+array exists. A compressed member is inflated into at most `max_bytes` over the whole
+archive, as a body sent with Content-Encoding is, so a small body cannot claim a big array.
 """
 
 from __future__ import annotations
 
 import io
 import zipfile
+from typing import Iterator
 
-import numpy as np
-
-from smserve.codecs import npy
 from smserve.errors import BadRequest, PayloadTooLarge
 
 # Far more than any model's inputs; each member costs a directory entry to parse.
@@ -22,8 +21,9 @@ MAX_MEMBERS = 1024
 _METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # what np.savez and np.savez_compressed write
 
 
-def read(body: bytes, max_bytes: int) -> dict[str, np.ndarray]:
-    """An .npz body -> {name: array}, in the archive's order.
+def members(body: bytes, max_bytes: int) -> Iterator[tuple[str, bytes]]:
+    """An .npz body's members, in the archive's order: (array name, its .npy bytes),
+    each taken out only once the caller has read the one before it.
 
     zipfile reads a malformed archive with many kinds of exception besides BadZipFile,
     each seen in fuzzed bodies: ValueError for a negative seek (a bad offset) or an
@@ -32,19 +32,21 @@ def read(body: bytes, max_bytes: int) -> dict[str, np.ndarray]:
     inflating. Any of them from zipfile is the body's fault: a 400, never a 500."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(body))
-        members = archive.infolist()
+        entries = archive.infolist()
     except Exception as e:  # noqa: BLE001 - zipfile raises many kinds (above)
         raise BadRequest(f"body is not a valid .npz archive: {type(e).__name__}: {e}") from None
-    if len(members) > MAX_MEMBERS:
-        raise BadRequest(f"the .npz archive holds {len(members)} members; at most {MAX_MEMBERS} are read")
-    arrays: dict[str, np.ndarray] = {}
+    if len(entries) > MAX_MEMBERS:
+        raise BadRequest(f"the .npz archive holds {len(entries)} members; at most {MAX_MEMBERS} are read")
+    if not entries:
+        raise BadRequest("the .npz archive holds no arrays")
+    names: set[str] = set()
     total = 0
-    for member in members:
+    for member in entries:
         name = member.filename
         if not name.endswith(".npy"):
             raise BadRequest(f"the .npz member {name[:80]!r} is not a .npy array")
         key = name[: -len(".npy")]
-        if key in arrays:
+        if key in names:
             raise BadRequest(f"the .npz archive holds two arrays named {key[:80]!r}")
         if member.compress_type not in _METHODS:
             raise BadRequest(f"the .npz member {name[:80]!r} is compressed in a way numpy does not write")
@@ -57,10 +59,5 @@ def read(body: bytes, max_bytes: int) -> dict[str, np.ndarray]:
         if len(data) > room:
             raise PayloadTooLarge(f"the .npz body's arrays exceed the maximum allowed size of {max_bytes} bytes")
         total += len(data)
-        try:
-            arrays[key] = npy.read(data)
-        except BadRequest as e:
-            raise BadRequest(f"the .npz member {name[:80]!r}: {e.message}") from None
-    if not arrays:
-        raise BadRequest("the .npz archive holds no arrays")
-    return arrays
+        names.add(key)
+        yield key, data

@@ -1,4 +1,6 @@
-"""The simple content types: JSON, CSV, JSON Lines and NumPy .npy.
+"""The simple content types: JSON, CSV, JSON Lines and NumPy .npy (and .npz), read into
+records and written from output arrays. protocols/simple.py fits the records to the
+model's inputs (names, shapes, types).
 
 These are what the SageMaker Python SDK's serializers send. CSV and JSON Lines carry one
 record a line, and their responses carry exactly one line per record, in order, so
@@ -13,11 +15,8 @@ Numbers, as decided (one rule for JSON, JSON Lines and CSV):
   anything else (`1_0`, `0x10`, `1,5` in one cell) are a 400 naming line and column.
   JSON `null`, `true`/`false` and strings ("1") where numbers belong are a 400 naming
   the record or line and the position in it; they are never read as numbers.
-- A finite value too big for the input's float type (1e39 for an FP32 input) is a 400,
-  not a silent infinity. NaN and infinities travel only in .npy or v2 binary, as-is.
-  So is a value an integer or BOOL input cannot hold (2.5, 300 for UINT8, 2 for BOOL).
-  Either names the first record that holds one (1-based along dimension 0: a CSV or
-  JSON Lines body's line number) and the value.
+- NaN and infinities travel only in .npy or v2 binary, as-is. A value the input's type
+  cannot hold is refused as the records are fitted (protocols/simple.py).
 - Responses: JSON and JSON Lines write NaN and ±Infinity as `null` (strict parsers
   reject anything else); CSV writes `nan`, `inf`, `-inf`; .npy (and v2 binary) carry
   them as they are. Floats are written with their shortest round-trip digits for
@@ -25,21 +24,33 @@ Numbers, as decided (one rule for JSON, JSON Lines and CSV):
 
 Work whose cost grows with the body runs in slices of bounded size (slices.py), so a
 codec thread never holds the GIL for long while the event loop answers /ping.
+
+.npy is read as a view on the body (no copy) and written as header + buffer. numpy's own
+reader parses the header dict with `ast.literal_eval` (safe, but a cost every small
+request pays) and np.load would allocate whatever shape a tiny body claims. Here the
+header numpy writes, `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`, is
+matched by a strict pattern: a plain dtype string, a bool, a tuple of integers, and
+nothing else. Anything else (another writer's spelling) goes to numpy's reader, which
+evaluates literals only; object and structured dtypes are refused either way, so nothing
+from a request is ever unpickled. An .npz body's members (npz.py) are read the same way.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import re
+import struct
 
 import numpy as np
 
-from smserve.codecs import npy, npz, records, slices, textout
+from smserve import memo
+from smserve.codecs import npz, records, textout
 from smserve.codecs.limits import MAX_DIMS
 # The media types stay importable beside the codec that takes them (tests and benchmarks read them here).
 from smserve.core.media import ALIASES, CSV, JSON, JSONLINES, MEDIA_TYPES, NPY, NPZ, REQUEST_TYPES, media_type  # noqa: F401
 from smserve.errors import BadRequest, NotAcceptable
-from smserve.core.metadata import ModelMetadata, TensorSpec
+from smserve.core.metadata import ModelMetadata
 from smserve.settings import DEFAULT_MAX_REQUEST_MB, MB
 
 # Keys of a JSON object that hold the records, as the SageMaker and TF Serving
@@ -50,9 +61,10 @@ RECORD_KEYS = records.RECORD_KEYS
 # ---------------------------------------------------------------- decoding
 
 
-def decode(body: bytes, content_type: str, metadata: ModelMetadata, max_bytes: int | None = None
-           ) -> dict[str, np.ndarray]:
-    """A request body -> named input arrays, shaped and typed for the model.
+def decode(body: bytes, content_type: str, metadata: ModelMetadata, max_bytes: int | None = None):
+    """A request body -> its records, for protocols/simple.py to fit to the model's
+    inputs: an array, parsed JSON records, or {input name: array or records}. metadata
+    bounds a CSV line's width (csv_columns) and names the inputs in errors.
 
     max_bytes: the most a compressed .npz body's arrays may take (the payload limit;
     None: the server's default one)."""
@@ -60,47 +72,43 @@ def decode(body: bytes, content_type: str, metadata: ModelMetadata, max_bytes: i
     if not body:
         raise BadRequest("request body is empty")
     if kind == JSON:
-        return decode_json(parse_json(body), metadata)
+        return records_from_json(parse_json(body))
     if kind == CSV:
         width = csv_columns(metadata)
         name = metadata.inputs[0].name if metadata.inputs else ""
-        return shape_inputs(records.csv(body, max_columns=width, input_name=name), metadata)
+        return records.csv(body, max_columns=width, input_name=name)
     if kind == JSONLINES:
         if len(metadata.inputs) > 1:
-            return shape_inputs(records.jsonlines_named(body, tuple(spec.name for spec in metadata.inputs)), metadata)
+            return records.jsonlines_named(body, tuple(spec.name for spec in metadata.inputs))
         name = metadata.inputs[0].name if metadata.inputs else None
-        return shape_inputs(records.jsonlines(body, input_name=name), metadata)
+        return records.jsonlines(body, input_name=name)
     if kind == NPY:
         if len(metadata.inputs) > 1:
             raise BadRequest(f"this model has several inputs ({input_names(metadata)}): a .npy body holds one array; "
                              f"send them in one {NPZ} body (np.savez, one array per input name) or as JSON "
                              f'{{"inputs": {{"<name>": [...], ...}}}}')
-        return shape_inputs(npy.read(body), metadata)
+        return read_npy(body)
     if kind == NPZ:
-        arrays = npz.read(body, max_bytes if max_bytes is not None else DEFAULT_MAX_REQUEST_MB * MB)
+        arrays = read_npz(body, max_bytes if max_bytes is not None else DEFAULT_MAX_REQUEST_MB * MB)
         if len(arrays) == 1 and len(metadata.inputs) <= 1:
             # One array is the one input, whatever np.savez named it (arr_0 when unnamed).
-            return shape_inputs(next(iter(arrays.values())), metadata)
-        return shape_inputs(arrays, metadata)
+            return next(iter(arrays.values()))
+        return arrays
     raise ValueError(f"not a simple content type: {content_type}")
-
-
-def decode_json(document, metadata: ModelMetadata) -> dict[str, np.ndarray]:
-    """An already-parsed JSON body (from parse_json) -> named input arrays."""
-    return shape_inputs(_records_from_json(document), metadata)
 
 
 def parse_json(body: bytes, where: str = "request body", c_tried: bool = False):
     """The JSON document, parsed strictly. A non-empty list of records holding only
     numbers and lists (bare or under one of RECORD_KEYS) comes back as a float64
-    ndarray in its place, which decode_json takes and v2.is_v2_document refuses: no
-    type check per record, and a big one is parsed in bounded slices. Anything else
-    comes back as parsed, and shape_inputs checks and converts it record by record."""
+    ndarray in its place, which records_from_json takes and v2.is_v2_document refuses:
+    no type check per record, and a big one is parsed in bounded slices. Anything else
+    comes back as parsed, and protocols/simple.py checks and converts it record by record."""
     return records.parse_document(body, where, c_tried=c_tried)
 
 
-def _records_from_json(document):
-    """A bare list, or an object holding one under instances/inputs/features/data."""
+def records_from_json(document):
+    """A parsed JSON body's records: a bare list, or an object holding one under
+    instances/inputs/features/data."""
     if isinstance(document, dict):
         for key in RECORD_KEYS:
             if key in document:
@@ -113,6 +121,24 @@ def _records_from_json(document):
     if isinstance(document, list | np.ndarray):
         return document
     raise BadRequest("JSON body must be a list of records or an object holding one")
+
+
+def input_names(metadata: ModelMetadata) -> str:
+    return ", ".join(spec.name for spec in metadata.inputs)
+
+
+def csv_columns(metadata: ModelMetadata) -> int | None:
+    """The most columns a CSV line can have for the model's one input, where its
+    metadata says (the widths protocols/simple.py fits: a flat record, or a row of a
+    2-D sample); None when any width may do, or the model has several inputs."""
+    if len(metadata.inputs) != 1 or metadata.inputs[0].shape is None:
+        return None
+    sample = list(metadata.inputs[0].shape)
+    if metadata.max_batch_size <= 0:
+        return sample[1] if len(sample) == 2 and sample[1] >= 0 else None
+    if not sample or any(d < 0 for d in sample):
+        return None
+    return max(math.prod(sample), sample[1] if len(sample) == 2 else 0)
 
 
 # ---------------------------------------------------------------- encoding
@@ -158,7 +184,7 @@ def encode(outputs: dict[str, np.ndarray], accept: str, labels: dict[str, tuple[
                 "ask for application/json"
             )
         try:
-            return npy.write(np.asarray(single)), NPY
+            return write_npy(np.asarray(single)), NPY
         except ValueError as e:
             raise NotAcceptable(f"{e}; ask for application/json") from None
     if accept == CSV:
@@ -189,184 +215,170 @@ def _predicted_labels(outputs: dict[str, np.ndarray], labels: dict[str, tuple[st
     return columns
 
 
-# ---- Records -> the model's inputs: named, shaped and typed by its metadata, batched
-# along dimension 0, every value checked to fit its input's type (the header's rules).
+# ---------------------------------------------------------------- .npy and .npz
 
-def _as_array(values, what: str) -> np.ndarray:
-    """Parsed JSON records -> float64, refusing non-numbers by position and converting
-    a bounded number of records per numpy call."""
-    if isinstance(values, np.ndarray):
-        return values
-    if type(values) is list and not set(map(type, values)) <= {int, float}:
-        for index, record in enumerate(values, start=1):
-            records.check_numbers(record, f"record {index}" if what == "records" else f"{what}, record {index}")
-    else:
-        records.check_numbers(values, what)
+
+def read_npz(body: bytes, max_bytes: int) -> dict[str, np.ndarray]:
+    """An .npz body -> {name: array}, in the archive's order: each member read as a .npy
+    body is (read_npy), the archive's arrays inflated into at most max_bytes."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, data in npz.members(body, max_bytes):
+        try:
+            arrays[name] = read_npy(data)
+        except BadRequest as e:
+            raise BadRequest(f"the .npz member {(name + '.npy')[:80]!r}: {e.message}") from None
+    return arrays
+
+
+NPY_MAGIC = b"\x93NUMPY"
+# numpy >= 1.14 pads the header so the data starts on a 64-byte boundary.
+_NPY_ALIGN = 64
+# No real dimension has more digits than this (2**64 has 20).
+_MAX_DIM_DIGITS = 20
+_NPY_DESCR = r"""(?P<q>['"])(?P<descr>[<>|=]?[biuf][1-8])(?P=q)"""
+_NPY_ORDER = r"(?P<order>True|False)"
+_NPY_SHAPE = r"\((?P<shape>\s*(?:\d+\s*,\s*)*(?:\d+\s*)?)\)"
+_NPY_ENTRIES = {
+    "descr": _NPY_DESCR,
+    "fortran_order": _NPY_ORDER,
+    "shape": _NPY_SHAPE,
+}
+# numpy's order (keys sorted); other orders go to numpy's reader. No two quantifiers
+# here may take the same byte (as `\s*,?\s*` would): the match stays linear in the
+# header's length, whatever a client pads it with.
+_NPY_HEADER = re.compile(
+    r"\{\s*"
+    + r"\s*,\s*".join(rf"""['"]{key}['"]\s*:\s*{value}""" for key, value in _NPY_ENTRIES.items())
+    + r"\s*(?:,\s*)?\}\s*"
+)
+
+
+# A client sends one shape and dtype again and again, so each header's parse (and each
+# answer's header) is kept: a look-up instead of parsing and formatting each time.
+# Cleared when full, so a client varying its shapes costs memory for this many.
+NPY_HEADERS_KEPT = 256
+_npy_parsed: dict[bytes, tuple] = {}
+_npy_written: dict[tuple, bytes] = {}
+
+
+def read_npy(body: bytes) -> np.ndarray:
+    """A .npy body -> an array viewing the body's bytes (numeric dtypes only)."""
+    key = _npy_header_bytes(body)
+    known = _npy_parsed.get(key) if key is not None else None
+    if known is None:
+        known = _checked_npy_header(body)
+        if key is not None:
+            memo.keep(_npy_parsed, key, known, NPY_HEADERS_KEPT)
+    shape, fortran_order, dtype, offset, count = known
+    data = len(body) - offset
+    if count * dtype.itemsize != data:
+        raise BadRequest(
+            f"the .npy header declares shape {list(shape)} of {dtype} ({count * dtype.itemsize} bytes) "
+            f"but {data} bytes follow it"
+        )
     try:
-        if type(values) is not list or len(values) < 2:
-            return np.array(values, dtype=np.float64)
-        per_record = max(1, np.size(values[0]))
-        step = max(1, slices.VALUES // per_record)
-        parts = [np.array(values[i : i + step], dtype=np.float64) for i in range(0, len(values), step)]
-        if any(p.shape[1:] != parts[0].shape[1:] for p in parts):
-            raise ValueError("inhomogeneous")
-        return slices.stack(parts)
-    except ValueError as e:
-        message = str(e)
-        if records.too_deep(e):
-            raise BadRequest(f"{what} nest deeper than the {MAX_DIMS} dimensions an array can have") from None
-        if "inhomogeneous" in message or "sequence" in message:
-            raise BadRequest(f"{what} are ragged: every record must have the same shape") from None
-        raise BadRequest(f"{what} must be numbers: {message}") from None
+        array = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
+        return array.reshape(shape, order="F" if fortran_order else "C")
+    except (ValueError, OverflowError) as e:  # e.g. a zero-size array with absurd dimensions
+        raise BadRequest(f"the .npy header declares an unusable shape {list(shape)}: {e}") from None
 
 
-def shape_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
-    """Records -> the model's input(s): typed by the metadata, batched along dim 0."""
-    inputs = metadata.inputs
-    if len(inputs) > 1 or (inputs and _named(records)):
-        return _named_inputs(records, metadata)
-    spec = inputs[0] if inputs else TensorSpec("input__0", "FP32", None)
-    array = records if isinstance(records, np.ndarray) else _as_array(records, "records")
-    return {spec.name: _fit(array, spec, metadata)}
+def _npy_header_bytes(body: bytes) -> bytes | None:
+    """The magic, version 1.0 and header of a body as bytes (what the parse is kept
+    under), or None for any other version or a body too short to hold them."""
+    if len(body) < 10 or body[6:8] != b"\x01\x00":
+        return None
+    end = 10 + (body[8] | body[9] << 8)
+    return bytes(body[:end]) if end <= len(body) else None
 
 
-def _named(records) -> bool:
-    """Whether records name their inputs: {name: array}, or a list of {name: value}."""
-    return isinstance(records, dict) or (
-        type(records) is list and bool(records) and all(isinstance(r, dict) for r in records))
+def _checked_npy_header(body: bytes) -> tuple[tuple, bool, np.dtype, int, int]:
+    """The header parsed and checked: shape, Fortran order, dtype, data offset, count."""
+    shape, fortran_order, dtype, offset = _parse_npy_header(body)
+    # type(), not isinstance: True and False are ints to isinstance, and no dimension.
+    if not all(type(d) is int and d >= 0 for d in shape) or len(shape) > MAX_DIMS:
+        raise BadRequest(f"the .npy header declares an invalid shape {shape!r}")
+    if dtype.hasobject:
+        raise BadRequest("the .npy body holds Python objects, which are never unpickled; send a numeric array")
+    if dtype.kind not in "biuf":
+        raise BadRequest(f"the .npy array has dtype {dtype}; send a numeric array")
+    count = 1
+    for dim in shape:
+        count *= dim
+    return shape, fortran_order, dtype, offset, count
 
 
-def input_names(metadata: ModelMetadata) -> str:
-    return ", ".join(spec.name for spec in metadata.inputs)
-
-
-def _named_inputs(records, metadata: ModelMetadata) -> dict[str, np.ndarray]:
-    """Inputs by name: {"inputs": {name: array}} or a list of {name: value} records."""
-    if isinstance(records, dict):
-        columns = records
-    elif _named(records):
-        columns = {spec.name: _column(records, spec.name) for spec in metadata.inputs}
+def _parse_npy_header(body: bytes) -> tuple[tuple, bool, np.dtype, int]:
+    if body[:6] != NPY_MAGIC or len(body) < 10:
+        raise BadRequest("body is not a valid .npy array: it does not start with the .npy magic string")
+    major = body[6]
+    if major == 1:
+        (length,), start = struct.unpack_from("<H", body, 8), 10
+    elif major in (2, 3):
+        if len(body) < 12:
+            raise BadRequest("body is not a valid .npy array: the header is cut short")
+        (length,), start = struct.unpack_from("<I", body, 8), 12
     else:
-        example = ", ".join(f'"{spec.name}": [...]' for spec in metadata.inputs)
-        raise BadRequest(f"this model has several inputs ({input_names(metadata)}): send them by name, "
-                         f'{{"inputs": {{{example}}}}} or {{"instances": [{{{example}}}, ...]}} '
-                         f"(JSON), one such object a line (JSON Lines), or {NPZ}")
-    out = {}
-    for spec in metadata.inputs:
-        if spec.name not in columns or columns[spec.name] is None:
-            raise BadRequest(f"missing input '{spec.name}'")
-        out[spec.name] = _fit(_as_array(columns[spec.name], f"input '{spec.name}'"), spec, metadata)
-    unknown = sorted(set(columns) - {spec.name for spec in metadata.inputs})
-    if unknown:
-        raise BadRequest(f"unexpected input {unknown[0]!r}")
-    return out
-
-
-def csv_columns(metadata: ModelMetadata) -> int | None:
-    """The most columns a CSV line can have for the model's one input, where its
-    metadata says (the widths _fit takes: a flat record, or a row of a 2-D sample);
-    None when any width may do, or the model has several inputs."""
-    if len(metadata.inputs) != 1 or metadata.inputs[0].shape is None:
-        return None
-    sample = list(metadata.inputs[0].shape)
-    if metadata.max_batch_size <= 0:
-        return sample[1] if len(sample) == 2 and sample[1] >= 0 else None
-    if not sample or any(d < 0 for d in sample):
-        return None
-    return max(math.prod(sample), sample[1] if len(sample) == 2 else 0)
-
-
-def _column(records: list[dict], name: str) -> list:
-    """Input `name`'s value in each of these records."""
+        raise BadRequest(f"body is not a valid .npy array: unknown format version {major}.{body[7]}")
+    end = start + length
+    if end > len(body):
+        raise BadRequest("body is not a valid .npy array: the header is cut short")
     try:
-        return [r[name] for r in records]
-    except KeyError:
-        index = next(i for i, r in enumerate(records, start=1) if name not in r)
-        raise BadRequest(f"record {index}: missing input '{name}'") from None
+        text = body[start:end].decode("utf-8" if major == 3 else "latin1")
+    except UnicodeDecodeError:
+        raise BadRequest("body is not a valid .npy array: the header is not UTF-8") from None
+    match = _NPY_HEADER.fullmatch(text)
+    if match is None:
+        return (*_numpy_header(body), end)
+    dims = match["shape"].replace(",", " ").split()
+    if any(len(d) > _MAX_DIM_DIGITS for d in dims):  # (int() refuses 4,300+ digits: ValueError)
+        raise BadRequest(f"the .npy header declares an invalid shape ({match['shape'][:40]}...)")
+    shape = tuple(int(d) for d in dims)
+    try:
+        dtype = np.dtype(match["descr"])
+    except TypeError:  # a size numpy lacks: '<f5', '<i3'
+        raise BadRequest(f"the .npy header declares a dtype numpy does not have: {match['descr']!r}") from None
+    return shape, match["order"] == "True", dtype, end
 
 
-def _fit(array: np.ndarray, spec: TensorSpec, metadata: ModelMetadata) -> np.ndarray:
-    """Check the shape against the model's, add a missing batch dimension, cast."""
-    batched = metadata.max_batch_size > 0
-    sent = array  # as the body held it: errors name its records (a CSV body's lines)
-    if spec.shape is None and batched and array.ndim == 0:  # the batcher splits along dimension 0
-        raise BadRequest(f"input '{spec.name}': expected a batch dimension, got a single number")
-    if spec.shape is not None:  # (None: not known; the model judges the shape)
-        sample = list(spec.shape)
-        known = sample and all(d >= 0 for d in sample)
-        if batched and known:
-            size = math.prod(sample)
-            if list(array.shape) == sample:
-                array = array.reshape([1] + sample)  # one record sent without its batch dimension
-            elif array.ndim == 2 and array.shape[1] == size and len(sample) > 1:
-                array = array.reshape([array.shape[0]] + sample)  # flat CSV rows of a shaped input
-        expected = ([-1] if batched else []) + sample
-        if expected and not _matches(array.shape, expected):
-            raise BadRequest(
-                f"input '{spec.name}': expected shape {expected}, got {list(array.shape)}"
-            )
-    dtype = spec.dtype.dtype if spec.datatype not in ("BYTES",) else np.float32
-    dtype = np.dtype(dtype)
-    if array.dtype == dtype and array.flags.c_contiguous:
-        return array  # (an .npy or binary body of the model's own type: nothing to check or cast)
-    # Checked a bounded piece at a time, like the cast itself; where one fails, the
-    # first bad value is found in that piece alone.
-    if dtype.kind in "iub":
-        for offset, part in slices.pieces(array):
-            unfit = _unfit(part, dtype)
-            if unfit.any():
-                _refuse_value(sent, offset, part, int(np.argmax(unfit)), spec, dtype)
-    with np.errstate(over="ignore", invalid="ignore"):  # integers were range-checked above; floats below
-        out = slices.cast(array, dtype)
-    if dtype.kind == "f" and array.dtype.kind == "f" and dtype.itemsize < array.dtype.itemsize:
-        flat = out.reshape(-1)  # (a view: the cast's result is C-contiguous)
-        for offset, part in slices.pieces(array):
-            narrowed = flat[offset : offset + len(part)]
-            if not np.isfinite(narrowed).all():
-                lost = np.isfinite(part) & ~np.isfinite(narrowed)
-                if lost.any():
-                    at = int(np.argmax(lost))
-                    raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
-                                     + _which_record(sent, offset + at, part[at]))
-    return out
+def _numpy_header(body: bytes) -> tuple[tuple, bool, np.dtype]:
+    """numpy's reader (literal evaluation only) for headers spelt another way."""
+    stream = io.BytesIO(body)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(stream)
+        return np.lib.format.read_array_header_2_0(stream)
+    except Exception as e:  # any malformed header: numpy raises many kinds
+        raise BadRequest(f"body is not a valid .npy array: {type(e).__name__}: {e}") from None
 
 
-def _unfit(part: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Which values of `part` the integer or BOOL `dtype` cannot hold, so that the cast
-    would wrap or truncate them: fractional, not finite, or out of its range (300 is no
-    UINT8, 2 no BOOL). numpy compares with Python ints exactly; as bounds for floats,
-    float64 holds -2**k and 2**k exactly (not 2**63 - 1), hence the exclusive max + 1."""
-    if part.dtype.kind == "b":
-        return np.zeros(part.shape, dtype=bool)
-    low, high = (0, 1) if dtype.kind == "b" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
-    if part.dtype.kind == "f":
-        whole = np.isfinite(part) & (part == np.round(part))
-        return ~whole | (part < float(low)) | (part >= float(high + 1))
-    return (part < low) | (part > high)
+def npy_header(array: np.ndarray) -> bytes:
+    """The .npy header np.save writes for a C-ordered array of this dtype and shape."""
+    key = (array.dtype, array.shape)
+    made = _npy_written.get(key)
+    if made is None:
+        made = memo.keep(_npy_written, key, _make_npy_header(array), NPY_HEADERS_KEPT)
+    return made
 
 
-def _refuse_value(array: np.ndarray, offset: int, part: np.ndarray, at: int, spec: TensorSpec, dtype: np.dtype):
-    """Raise for value `at` of `part` (at flat `offset` in `array`, C order, the same in
-    any reshape of it), the first one `_unfit` found."""
-    value = part[at]
-    where = _which_record(array, offset + at, value)
-    if part.dtype.kind == "f" and not (np.isfinite(value) and value == np.round(value)):
-        kind = "a fractional" if np.isfinite(value) else "a non-finite"
-        raise BadRequest(f"input '{spec.name}' takes {spec.datatype} values; got {kind} number{where}")
-    raise BadRequest(f"input '{spec.name}': a value is out of range for {spec.datatype}"
-                     + (" (0 or 1)" if dtype.kind == "b" else "") + where)
+def _make_npy_header(array: np.ndarray) -> bytes:
+    descr = np.lib.format.dtype_to_descr(array.dtype)
+    shape = "(" + "".join(f"{d}, " for d in array.shape)[:-2] + ("," if array.ndim == 1 else "") + ")"
+    text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {shape}, }}"
+    # magic(6) + version(2) + length(2) + text + padding + "\n", a multiple of _NPY_ALIGN.
+    size = len(text) + 1
+    pad = -(10 + size) % _NPY_ALIGN
+    if size + pad > 0xFFFF:  # only arrays of many dimensions need format 2.0
+        pad = -(12 + size) % _NPY_ALIGN
+        return NPY_MAGIC + b"\x02\x00" + struct.pack("<I", size + pad) + (text + " " * pad + "\n").encode("latin1")
+    return NPY_MAGIC + b"\x01\x00" + struct.pack("<H", size + pad) + (text + " " * pad + "\n").encode("latin1")
 
 
-def _which_record(array: np.ndarray, index: int, value) -> str:
-    """' in record N: V': which record (1-based, along dimension 0, so a CSV or JSON
-    Lines body's line number) holds the value at flat `index` of `array`, and what it is."""
-    shown = value.item()
-    if isinstance(shown, float) and shown.is_integer() and abs(shown) < 1e16:
-        shown = int(shown)
-    if array.ndim == 0:
-        return f": {shown!r}"
-    return f" in record {index // (array.size // len(array)) + 1}: {shown!r}"
-
-
-def _matches(shape: tuple, expected: list[int]) -> bool:
-    return len(shape) == len(expected) and all(e < 0 or e == s for s, e in zip(shape, expected))
+def write_npy(array: np.ndarray) -> bytes:
+    """One .npy body: header + the array's memory, in one join (one copy of the data)."""
+    if array.dtype.hasobject or array.dtype.kind not in "biufc":
+        raise ValueError(f"an array of dtype {array.dtype} has no .npy form without pickling")
+    if not array.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+        array = array.copy(order="C")
+    return b"".join((npy_header(array), array.reshape(-1).view(np.uint8).data))

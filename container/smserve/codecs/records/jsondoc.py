@@ -195,8 +195,9 @@ def _numeric_document(document, key: str | None):
     """`document` (a list of records, or an object holding them under `key`, whose body
     holds no string, object, null or true/false after the key) with its records as one
     float64 array, or None when they are empty, ragged or too deep for numpy: the
-    record-by-record path (codecs/simple.py) then judges them, and names the error. An empty
-    list is left alone: {"inputs": []} is a KServe v2 request."""
+    record-by-record path (protocols/simple.py, fitting them to the model's inputs) then
+    judges them, and names the error. An empty list is left alone: {"inputs": []} is a
+    KServe v2 request."""
     # With no '"' after the key, the object has no other member (orjson has parsed it).
     values = document if key is None else document[key]
     if type(values) is not list or not values:
