@@ -8,6 +8,7 @@ sent, not only what moto made of them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -20,6 +21,13 @@ import pytest
 os.environ.setdefault("MOTO_RECORDER_FILEPATH", os.path.join(tempfile.mkdtemp(prefix="moto-recorder-"), "requests.jsonl"))
 
 from tests.deploy.support import IMAGE, REGION, Moto  # noqa: E402
+
+import botocore.session  # noqa: E402
+
+# Each test makes boto3 sessions of its own (the tool's, the checks'), and a new session
+# parses botocore's service models again: most of a deploy test's CPU. One loader for
+# the process, as one long-lived session would have; its models are only read.
+botocore.session.create_loader = functools.lru_cache(maxsize=None)(botocore.session.create_loader)
 
 
 @pytest.fixture(scope="session")
