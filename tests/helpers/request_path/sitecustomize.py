@@ -14,6 +14,22 @@ _OUT = os.environ.get("REQUEST_PATH_OUT")
 
 if _OUT:
     _state = {"on": False, "seen": set()}
+    _MAIN = _thread.get_ident()
+
+    def _current():
+        greenlet = sys.modules.get("greenlet")
+        return greenlet.getcurrent() if greenlet is not None else None
+
+    def _for_the_request() -> bool:
+        """Code run for the request: in its own greenlet, the main greenlet (the main lane,
+        where an inline pass runs), the hub (which hands a thread's result back), or a
+        thread of the worker's (the inference thread, the codec pool). Not the worker's
+        other greenlets (its heartbeat, its idle sweep), which run whenever they are due,
+        a slow request or not."""
+        if _thread.get_ident() != _MAIN:
+            return True
+        current = _current()
+        return current is _state["greenlet"] or current.parent is None or type(current).__name__ == "Hub"
 
     def _profile(frame, event, arg):
         if event != "call" and event != "return":
@@ -26,7 +42,8 @@ if _OUT:
             if not _state["on"] and module == "http/exchange.py" and frame.f_code.co_name == "handle":
                 _state["on"] = True
                 _state["seen"] = set()
-            if _state["on"]:
+                _state["greenlet"] = _current()
+            if _state["on"] and _for_the_request():
                 _state["seen"].add(module + (":" + frame.f_code.co_name if os.environ.get("REQUEST_PATH_FUNCS") else ""))
         elif _state["on"] and module == "http/exchange.py" and frame.f_code.co_name == "handle_request":
             _state["on"] = False
