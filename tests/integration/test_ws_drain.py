@@ -21,7 +21,8 @@ from tests.integration.ws_raw import TEXT, Conn, handshake, text
 
 pytestmark = pytest.mark.slow
 
-# Each message: {"x": [i], "sleep": s, "pad": "..."}, answered [i] (input_fn read it: bare).
+# Each message: {"x": [i], "sleep": s, "until": path, "pad": "..."}, answered [i] (input_fn
+# read it: bare) after s seconds, or once the file at path exists.
 ECHO_HOOKS = echo_hooks(times=1)
 
 # The same model with a stream_fn for its sessions (POST /invocations still echoes).
@@ -30,15 +31,15 @@ STREAM_FN_HOOKS = ECHO_HOOKS + '''
 def stream_fn(messages, model, context):
     for message in messages:
         data = json.loads(message)
-        time.sleep(float(data.get("sleep", 0)))
+        held(data)
         yield [float(x) for x in data["x"]]
 '''
 
 HOOKS = {"default": ECHO_HOOKS, "stream_fn": STREAM_FN_HOOKS}
 GRACEFUL_S = 20
-# The first message's model sleep: the session holds it while the sender fills every buffer
-# (megabytes through a 4 KiB send buffer: seconds on a loaded machine), with room to spare.
-FIRST_SLEEP_S = 12
+# How long the sender may take to fill every buffer (megabytes through a 4 KiB send
+# buffer: seconds on a loaded machine) while the first message is held.
+FILL_S = 40
 
 
 @pytest.fixture(params=["default", "stream_fn"])
@@ -47,8 +48,8 @@ def server(request, make_server, tmp_path):
                        {"SMSERVE_GRACEFUL_TIMEOUT": str(GRACEFUL_S)})
 
 
-def message(i: int, sleep: float = 0.0, pad: int = 0) -> bytes:
-    return text(json.dumps({"x": [i], "sleep": sleep, "pad": "p" * pad}))
+def message(i: int, sleep: float = 0.0, pad: int = 0, until: str | None = None) -> bytes:
+    return text(json.dumps({"x": [i], "sleep": sleep, "pad": "p" * pad, **({"until": until} if until else {})}))
 
 
 def answers_until_close(conn: Conn) -> tuple[list[int], tuple]:
@@ -83,14 +84,16 @@ def test_sigterm_answers_every_message_read_ahead_of_the_model(server):
     assert session_log(server) == (100, 100)
 
 
-# Times the sender's stall against the first message's model sleep: kept out of the
-# parallel part of the suite, where a loaded machine can make the sender too slow.
+# Tells a stalled sender by a pause in its progress: kept out of the parallel part of the
+# suite, where a loaded machine can pause a sender that is not stalled.
 @pytest.mark.serial
-def test_sigterm_answers_the_messages_waiting_in_the_socket(server):
-    """A sender that keeps sending until every buffer is full: each message whose
-    last byte reached the server before the signal is answered (those read ahead and
-    those still in the server's socket), and no message after a gap."""
+def test_sigterm_answers_the_messages_waiting_in_the_socket(server, tmp_path):
+    """A sender that keeps sending until every buffer is full, the first message held
+    by the model until the drain has begun: each message whose last byte reached the
+    server before the signal is answered (those read ahead and those still in the
+    server's socket), and no message after a gap."""
     size = 16 * 1024
+    gate = tmp_path / "release"
     conn = Conn.open(server.port, sndbuf=4096)
     accepted = 0  # bytes the client's kernel took
     ends: list[int] = []  # where each message ends, in those bytes
@@ -101,7 +104,7 @@ def test_sigterm_answers_the_messages_waiting_in_the_socket(server):
         try:
             i = 0
             while not stop.is_set():
-                data = memoryview(message(i, sleep=FIRST_SLEEP_S if i == 0 else 0, pad=size))
+                data = memoryview(message(i, pad=size, until=str(gate) if i == 0 else None))
                 while data:
                     n = conn.sock.send(data)
                     accepted += n
@@ -114,9 +117,9 @@ def test_sigterm_answers_the_messages_waiting_in_the_socket(server):
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
     last, since = -1, time.monotonic()
-    give_up = since + FIRST_SLEEP_S - 1
+    give_up = since + FILL_S
     while time.monotonic() - since < 0.4:  # until the sender has stalled
-        assert time.monotonic() < give_up, "the sender never stalled while the first message slept"
+        assert time.monotonic() < give_up, "the sender never stalled while the first message was held"
         if accepted != last:
             last, since = accepted, time.monotonic()
         time.sleep(0.02)
@@ -126,6 +129,8 @@ def test_sigterm_answers_the_messages_waiting_in_the_socket(server):
     reached = sum(1 for end in list(ends) if end <= accepted - unsent)
     server.proc.send_signal(signal.SIGTERM)
     assert reached > 70, reached  # the session holds 64; the rest waits in buffers
+    assert wait_until(lambda: not listening(server.port)), "the worker never began its drain"
+    gate.touch()
     ids, close = answers_until_close(conn)
     conn.sock.shutdown(socket.SHUT_RDWR)
     sender.join(10)

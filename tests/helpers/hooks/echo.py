@@ -1,8 +1,10 @@
-"""A JSON model: {"x": [...], "sleep": s, "fail": bool} is answered x * TIMES after sleeping
-s seconds in predict_fn, or raises "asked to fail". model_fn takes LOAD_S seconds (/ping
-answers 503 meanwhile)."""
+"""A JSON model: {"x": [...], "sleep": s, "until": path, "fail": bool} is answered x * TIMES
+after sleeping s seconds in predict_fn (or, with "until", once that file exists: a test
+holds a request for as long as it needs), or raises "asked to fail". model_fn takes LOAD_S
+seconds (/ping answers 503 meanwhile)."""
 
 import json
+import os
 import time
 
 import numpy as np
@@ -20,8 +22,17 @@ def input_fn(body, content_type):
     return json.loads(body)
 
 
-def predict_fn(data, model):
+def held(data):
+    gate = data.get("until")
+    if gate:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
     time.sleep(float(data.get("sleep", 0)))
+
+
+def predict_fn(data, model):
+    held(data)
     if data.get("fail"):
         raise RuntimeError("asked to fail")
     return np.asarray(data["x"], dtype=np.float32) * TIMES
