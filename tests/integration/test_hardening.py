@@ -22,6 +22,8 @@ CONNECTIONS = 32
 # Each batch takes a while, so at SIGTERM most requests are still queued, unread or
 # unanswered: exactly the ones a careless drain loses.
 SLOW_PREDICT = slow_predict(0.05)
+# A 1 MB payload limit: the servers of the 413 tests, shared (they only send requests).
+ONE_MB = {"SMSERVE_MAX_REQUEST_MB": "1"}
 
 
 def _pixels(i: int) -> list[list[float]]:
@@ -328,11 +330,11 @@ def _ping_while(server, action) -> tuple[object, list]:
 
 
 @pytest.mark.slow
-def test_a_body_of_a_million_one_byte_chunks_neither_stalls_ping_nor_is_parsed_whole(make_server, example_model_dir):
+def test_a_body_of_a_million_one_byte_chunks_neither_stalls_ping_nor_is_parsed_whole(example_server):
     """Each chunk costs a Python-level parse: one read of 1 MB of them held the event
     loop for seconds. Past Triton's 65,536 non-empty chunks the body is refused (its
     wording), and the client that sent it all before reading still gets that answer."""
-    server = make_server(example_model_dir)
+    server = example_server
     row = b",".join([b"1"] * 64) + b"\n"
     content = row * (1_000_000 // len(row))
     body = b"".join(b"1\r\n" + content[i:i + 1] + b"\r\n" for i in range(len(content))) + b"0\r\n\r\n"
@@ -361,11 +363,11 @@ def test_a_body_of_a_million_one_byte_chunks_neither_stalls_ping_nor_is_parsed_w
     assert answer.status == 200 and len(answer.json()) == len(small) // len(row)  # CSV in: a bare JSON array
 
 
-def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(make_server, example_model_dir):
+def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(shared_server, example_model_dir):
     """The 413 leaves before the body is read. Closing then, with the body still
     arriving, would reset the connection, and a reset may destroy the answer before
     the client reads it: the worker reads and drops the rest for a while first."""
-    server = make_server(example_model_dir, {"SMSERVE_MAX_REQUEST_MB": "1"})
+    server = shared_server(example_model_dir, ONE_MB)
     body = b"1," * (10 << 20)
     for _ in range(3):
         sock = connect(server.port)
@@ -377,9 +379,9 @@ def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(make_ser
 
 
 @pytest.mark.parametrize("path", ["/invocations", "/v2/models/dig%69ts/infer"], ids=["worker-route", "flask-route"])
-def test_expect_100_continue_with_a_body_over_the_limit_gets_413_not_an_invitation(make_server, example_model_dir,
+def test_expect_100_continue_with_a_body_over_the_limit_gets_413_not_an_invitation(shared_server, example_model_dir,
                                                                                      path):
-    server = make_server(example_model_dir, {"SMSERVE_MAX_REQUEST_MB": "1"})
+    server = shared_server(example_model_dir, ONE_MB)
     sock = connect(server.port)
     sock.sendall(request_bytes("POST", path, headers={"Content-Type": "text/csv", "Expect": "100-continue",
                                                       "Content-Length": str(5 << 20)}))
