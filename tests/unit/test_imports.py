@@ -126,6 +126,15 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
+# A module longer than this holds more than one idea (issue 46): split it by concept.
+MOST_LINES = 400
+
+
+def test_no_module_is_longer_than_a_reader_holds_at_once():
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MOST_LINES}
+    assert long == {}
+
+
 def test_every_module_sits_in_a_layer_with_a_docstring_that_says_what_it_holds():
     modules = _modules()
     layers = {_layer(name) for name in modules}

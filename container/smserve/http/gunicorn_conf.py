@@ -15,10 +15,9 @@ import shutil
 # value lock as a real thread lock, not the gevent one their monkey-patching would give.
 from prometheus_client import multiprocess
 
-from smserve.engine.worker import hardware
-from smserve.engine.worker import readiness
-from smserve.engine.multimodel.registry import MAX_NAME_CHARS
 from smserve import logs
+from smserve.engine.multimodel.registry import MAX_NAME_CHARS
+from smserve.engine.worker import hardware, readiness
 from smserve.settings import Settings
 
 _settings = Settings.from_env()

@@ -8,8 +8,7 @@ from __future__ import annotations
 from smserve.codecs import v2
 from smserve.core import media
 from smserve.core.inference import InferenceRequest
-from smserve.core.reply import Reply
-from smserve.core.reply import is_stream
+from smserve.core.reply import Reply, is_stream
 from smserve.engine.worker.served import ServedModel
 from smserve.errors import NotAcceptable
 from smserve.protocols import streams

@@ -21,12 +21,11 @@ from smserve.codecs.limits import MAX_DIMS
 from smserve.core import media
 from smserve.core.inference import InferenceRequest
 from smserve.core.metadata import ModelMetadata, TensorSpec
-from smserve.core.reply import Reply
-from smserve.core.reply import is_stream
+from smserve.core.reply import Reply, is_stream
 from smserve.engine.worker.served import ServedModel
 from smserve.errors import BadRequest, NotAcceptable, ServerError
 from smserve.protocols.kserve_v2 import v2_reply
-from smserve.protocols.message import Message, Protocol, default_accept, negotiate, nbytes, predict_context, writing
+from smserve.protocols.message import Message, Protocol, default_accept, nbytes, negotiate, predict_context, writing
 from smserve.protocols.streams import streamed_reply
 from smserve.settings import Settings
 

@@ -10,11 +10,10 @@ import orjson
 
 from smserve.engine.worker.served import Serving
 from smserve.routes import sagemaker
-from smserve.routes.sagemaker import DataPlane
 from smserve.routes.kserve import KServeRoutes
-from smserve.routes.models import MODELS, ModelRoutes
 from smserve.routes.metrics import MetricsRoutes
-from smserve.routes.sagemaker import SageMakerRoutes
+from smserve.routes.models import MODELS, ModelRoutes
+from smserve.routes.sagemaker import DataPlane, SageMakerRoutes
 from smserve.routes.table import Request, Response, RouteTable, json_response
 from smserve.settings import Settings
 

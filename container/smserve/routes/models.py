@@ -8,8 +8,7 @@ import re
 import orjson
 
 from smserve.errors import BadRequest
-from smserve.routes.sagemaker import DataPlane
-from smserve.routes.sagemaker import invocation
+from smserve.routes.sagemaker import DataPlane, invocation
 from smserve.routes.table import Request, Response, json_response, when_answered
 from smserve.settings import Settings
 

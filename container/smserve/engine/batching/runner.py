@@ -20,21 +20,19 @@ from typing import Callable, Iterator
 
 import gevent
 import numpy as np
-from gevent.lock import Semaphore
 from gevent import monkey
+from gevent.lock import Semaphore
 
 from smserve import metrics
-from smserve.engine.batching import plan as batch_plan
+from smserve.core.reply import is_stream
 from smserve.engine.batching import batchable
-from smserve.engine.runtime import main_lane
-from smserve.engine.runtime.main_lane import InlinePasses, timed
+from smserve.engine.batching import plan as batch_plan
 from smserve.engine.batching.passes import (Arrays, Chunk, ChunkQueue, concatenate, cut, pass_rows, records_in, rows_of,
                                             split_outputs)
-from smserve.core.reply import is_stream
-from smserve.errors import user_frames_first
+from smserve.engine.runtime import main_lane
+from smserve.engine.runtime.main_lane import InlinePasses, poll_clock, timed, yield_cpu_to_the_loop
 from smserve.engine.runtime.threads import ModelThread
-from smserve.engine.runtime.main_lane import poll_clock, yield_cpu_to_the_loop
-from smserve.errors import HTTPError, Named500, ServerError
+from smserve.errors import HTTPError, Named500, ServerError, user_frames_first
 
 log = logging.getLogger(__name__)
 

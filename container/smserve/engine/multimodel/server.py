@@ -43,9 +43,8 @@ from smserve.engine.multimodel.admission import (
 from smserve.engine.multimodel.registry import LOADING, READY, UNLOADING, Entry, SharedRegistry, check_name
 from smserve.engine.multimodel.rehearsal import rehearse
 from smserve.engine.runtime import memory
-from smserve.engine.worker import capacity
 from smserve.engine.sessions.store import SessionTable
-from smserve.engine.worker import readiness
+from smserve.engine.worker import capacity, readiness
 from smserve.engine.worker.server import FAILED, ModelServer
 from smserve.errors import BadRequest, Conflict, NotFound, Unavailable
 from smserve.settings import Settings
