@@ -66,8 +66,12 @@ def test_after_a_burst_past_the_deadline_the_next_request_is_answered_at_once(se
     assert lone.status_code == 200 and lone.json() == {"predictions": [[0.0]]}, lone.text
     assert wait_until(lambda: pending_requests(server) == 0)  # the gauge counts what is queued: nothing
     passes, _ = passes_and_records(server, "sleeper")
-    # A pass for each answered request, and at most one (running at its deadline) for the late.
-    assert passes - passes_before <= BURST - len(late) + 2, (passes - passes_before, len(late))
+    # A pass for each answered request and the lone one; of the late, only those whose
+    # pass began before their deadline: one when the burst arrives at once, a few more
+    # when a loaded machine staggers the client's threads by a pass or more. Had the
+    # queued ones run too, every late request would have had a pass.
+    late_passes = passes - passes_before - (BURST - len(late)) - 1
+    assert late_passes <= len(late) // 2, (late_passes, len(late))
     assert worker_pids(server) == pids
 
 
