@@ -72,9 +72,10 @@ def test_the_thread_does_not_keep_an_idle_loop_alive_but_a_waiting_call_does():
     thread = ModelThread()
     assert thread._signal.ref is False
     seen = []
-    job = gevent.spawn(thread.call, lambda: (time.sleep(0.05), seen.append(thread._signal.ref))[0])
-    gevent.sleep(0.01)
-    assert thread._signal.ref is True
+    gate = threading.Event()
+    job = gevent.spawn(thread.call, lambda: (gate.wait(5), seen.append(thread._signal.ref))[1])
+    assert _poll(lambda: thread._signal.ref is True)  # while the call runs
+    gate.set()
     job.join(timeout=5)
     assert job.value == (True, None) and seen == [True]
     assert thread._signal.ref is False
@@ -251,8 +252,7 @@ def test_killing_many_waiting_callers_leaves_the_others_their_own_results(hub_er
         return i
 
     jobs = [gevent.spawn(thread.call, work, i) for i in range(60)]
-    gevent.sleep(0.01)  # every caller is now waiting in call()
-    assert thread._out == 60
+    assert _poll(lambda: thread._out == 60)  # every caller is now waiting in call()
     victims = jobs[::2]
     gevent.killall(victims, block=True, timeout=5)
     assert all(j.dead for j in victims)
