@@ -31,6 +31,8 @@ DEFAULT_PAYLOAD_MB = 6
 MB = 1024 * 1024
 # SMSERVE_MAX_REQUEST_MB's default: the largest body a server with no settings takes.
 DEFAULT_MAX_REQUEST_MB = 100
+# gunicorn's default wait for a silent worker, and the least ours is.
+SILENT_WORKER_FLOOR_S = 30
 
 
 class SettingsError(ValueError):
@@ -46,7 +48,7 @@ class Settings:
     # None: as many per GPU as the cores and the GPU's memory allow, up to 4
     # (hardware.plan_workers); ignored when `workers` is set.
     workers_per_gpu: int | None = None
-    # Seconds a request may take; also how long gunicorn waits for a silent worker.
+    # Seconds a request may take (gunicorn's wait for a silent worker: silent_worker_timeout).
     timeout: int = 60
     graceful_timeout: int = 25
     # None: application/json, or in batch mode a CSV or JSON Lines request's own type.
@@ -171,6 +173,14 @@ class Settings:
     def request_timeout(self) -> int:
         # Batch jobs may set InvocationsTimeoutInSeconds up to 3600 s.
         return max(self.timeout, 3600) if self.batch else self.timeout
+
+    @property
+    def silent_worker_timeout(self) -> int:
+        # How long gunicorn's arbiter waits for a worker's heartbeat (sent each second)
+        # before it kills the worker: at least the longest request, and never under
+        # gunicorn's own 30 s, so a short answer deadline (1 s) does not get a worker
+        # killed for a heartbeat a loaded machine sent late.
+        return max(self.request_timeout, SILENT_WORKER_FLOOR_S)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":

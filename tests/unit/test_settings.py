@@ -31,6 +31,19 @@ def test_batch_mode_defaults_to_a_6_mb_payload_and_long_timeout():
     assert s.request_timeout >= 3600
 
 
+@pytest.mark.parametrize("env, silent", [
+    ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "1"}, 30),  # a 1 s deadline: the worker is still not killed after 1 s
+    ({"SAGEMAKER_TS_RESPONSE_TIMEOUT": "2"}, 30),
+    ({}, 60),
+    ({"SAGEMAKER_MODEL_SERVER_TIMEOUT": "300"}, 300),
+    ({"SAGEMAKER_BATCH": "true"}, 3600),
+])
+def test_gunicorn_waits_for_a_silent_worker_at_least_30_s_and_the_longest_request(env, silent):
+    # A CI run's worker, its answer deadline 1 s and its heartbeat once a second, was
+    # killed by the arbiter (WORKER TIMEOUT) while it served on.
+    assert Settings.from_env(env).silent_worker_timeout == silent
+
+
 @pytest.mark.parametrize("variable, value", [
     ("SAGEMAKER_MODEL_SERVER_WORKERS", "zero"),
     ("SAGEMAKER_BIND_TO_PORT", "70000"),

@@ -33,8 +33,9 @@ else:
     workers, _workers_reason = _plan.workers, _plan.reason
 # The arbiter kills a worker whose event loop is silent this long. The loop never runs
 # the model (that is the inference thread's job) so only a hung worker trips this; it
-# still must exceed the longest request a client may wait for.
-timeout = _settings.request_timeout
+# still must exceed the longest request a client may wait for, and the heartbeat's
+# lateness on a loaded machine (settings.silent_worker_timeout).
+timeout = _settings.silent_worker_timeout
 graceful_timeout = _settings.graceful_timeout
 # Longer than the load balancer's idle timeout, so it never reuses a connection we closed.
 keepalive = 75
