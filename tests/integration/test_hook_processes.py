@@ -98,6 +98,16 @@ def test_the_hooks_run_in_processes_of_their_own_and_their_values_batch(server):
     assert wait_until(lambda: not shm_held(descendants(server.proc.pid)), timeout=5), shm_held(descendants(server.proc.pid))
 
 
+def test_a_lone_requests_files_are_let_go_once_it_is_answered(server):
+    """No later request comes to free them: the worker keeps nothing of the request
+    mapped while it waits, and the process that wrote input_fn's value (the other one
+    may run output_fn) lets its file go without waiting for a call of its own."""
+    for _ in range(3):
+        assert invoke(server, rows=2, width=20_000).status_code == 200
+        assert wait_until(lambda: not shm_held(descendants(server.proc.pid)), timeout=5), \
+            shm_held(descendants(server.proc.pid))
+
+
 def test_failures_are_named_as_on_a_thread(server):
     rejected = invoke(server, fail="value")
     assert rejected.status_code == 400 and rejected.json()["error"] == "input_fn rejected the body: ValueError: " \

@@ -72,3 +72,30 @@ def test_a_call_from_another_thread_runs_there():
             pool.kill()
 
     assert main_lane.run(body) != threading.get_ident()
+
+
+class Held:
+    """A value whose life a weak reference shows (a request's inputs, its answer)."""
+
+
+def test_the_main_greenlet_keeps_nothing_of_a_call_while_it_waits_for_the_next():
+    import weakref
+
+    def body():
+        def one():
+            value = Held()
+            answer = main_lane.call(lambda v: (v, Held()), value)  # the argument and the outcome
+            refs = [weakref.ref(value), weakref.ref(answer[1])]
+            del value, answer
+            return refs
+
+        lone = gevent.spawn(one).get()  # switched to the parked main greenlet
+        busy = gevent.spawn(main_lane.call, gevent.sleep, 0.01)
+        gevent.sleep(0)
+        queued = gevent.spawn(one)  # made while the main greenlet is busy: queued
+        busy.get()
+        refs = lone + queued.get()
+        gevent.sleep(0.01)  # the main greenlet parked again, in the hub
+        return [ref() is None for ref in refs]
+
+    assert main_lane.run(body) == [True] * 4

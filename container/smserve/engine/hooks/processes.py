@@ -47,8 +47,8 @@ import weakref
 
 from gevent import monkey
 
-from smserve.engine.hooks.transport import Channel, Deadline, SharedMemoryFull, receive, release, restored, send, \
-    shareable
+from smserve.engine.hooks.transport import MAPPED, Channel, Deadline, SharedMemoryFull, receive, release, restored, \
+    send, shareable, shares
 from smserve.errors import ServerError, Unavailable
 from smserve.settings import child_environment
 
@@ -129,7 +129,9 @@ class HookProcesses:
             child = self._free(deadline)
             try:
                 ok, value, attributes = child.call((hook, args, fields), deadline)
-                value = restored(value)  # mapped while the process still holds its files
+                if shares(value):
+                    value = restored(value)  # mapped while the process still holds its files
+                    _say_mapped(child, deadline)
             except Deadline:
                 log.error("%s's process (pid %d) did not answer within %s s (SAGEMAKER_MODEL_SERVER_TIMEOUT): "
                           "ended, a new one takes its place", hook, child.proc.pid, self.timeout_s)
@@ -217,6 +219,16 @@ class HookProcesses:
             child.end()
         self._idle.put(None)
         self._to_start.put(None)
+
+
+def _say_mapped(child: "_Child", deadline: float) -> None:
+    """Tells the process it may let its answer's files go (or an idle one holds them
+    until its next request). A process that ended meanwhile is noticed at its next call:
+    this answer is whole."""
+    try:
+        child.channel.send(MAPPED, deadline)
+    except (Deadline, EOFError, OSError):
+        pass
 
 
 def _fields(context) -> dict:
@@ -315,14 +327,17 @@ def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool, work
         send(answers, (False, f"{type(e).__name__}: {e}"))
         return
     send(answers, (True, None))
-    held: list[int] = []  # the last answer's files, kept until the worker's next request
+    held: list[int] = []  # the last answer's files, kept until the worker has mapped them
     while True:
         try:
-            hook, args, fields = receive(requests)
+            message = receive(requests)
         except EOFError:
             return
-        release(held)  # the worker mapped them before it let this process take another request
+        release(held)  # the worker mapped them: it says so (MAPPED) before anything else
         held = []
+        if message == MAPPED:
+            continue
+        hook, args, fields = message
         context = None
         if fields is not None:
             context = RequestContext({k.upper(): v for k, v in fields["headers"].items()}, fields["path"],
@@ -339,6 +354,7 @@ def _serve(model_dir: str, requests_fd: int, answers_fd: int, single: bool, work
             held = []
             send(answers, (False, ServerError(f"{hook} failed: its value cannot leave its hook process: "
                                               f"{type(e).__name__}: {e}"), None))
+        message = hook = args = fields = context = answer = None  # (the last request's body goes now)
 
 
 def _answer(hooks, hook: str, args: tuple, context, held: list[int]) -> tuple:

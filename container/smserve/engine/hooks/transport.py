@@ -7,7 +7,8 @@ Arrays and dense CPU tensors cross through shared memory: the writer makes a fil
 the reader opens it through /proc/<writer>/fd/<n> and maps it. No name is left in
 /dev/shm on any path, a process killed included: the memory goes with the last
 descriptor and mapping. The writer keeps its descriptors (`held`) until the
-reader has mapped them. Anything else is pickled.
+reader has mapped them: a hook process until the worker sends MAPPED, the worker
+until the process answers. Anything else is pickled.
 
 The worker waits on a process's pipe and on the process itself (a pidfd), each wait
 bounded by the call's deadline: a process that dies is noticed at once, even where a
@@ -39,6 +40,10 @@ _MIB = 1 << 20
 _poll = monkey.get_original("select", "poll")
 # Where a pidfd is missing (Linux before 5.3), how often a wait looks at the process.
 _NO_PIDFD_CHECK_S = 0.2
+
+
+# The worker to a hook process, after mapping the files of its answer: let them go.
+MAPPED = "mapped"
 
 
 class SharedMemoryFull(ServerError):
@@ -112,6 +117,17 @@ def restored(value):
     if isinstance(value, dict):
         return {k: restored(v) for k, v in value.items()}
     return value
+
+
+def shares(value) -> bool:
+    """Whether value (as shareable made it) holds an array in shared memory."""
+    if isinstance(value, _Shared):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(shares(v) for v in value)
+    if isinstance(value, dict):
+        return any(shares(v) for v in value.values())
+    return False
 
 
 def release(held: list[int]) -> None:

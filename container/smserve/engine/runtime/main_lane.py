@@ -66,6 +66,10 @@ class _Lane:
         # runs: a call that blocks on the hub (a lock) has the hub switch back to it.
         self.idle = False
         self.queued: collections.deque = collections.deque()  # calls made while it was busy
+        # The last call's outcome, taken by its caller once switched back to: handed over
+        # here, not as the switch's argument, which the main greenlet's frame would hold
+        # while parked (its inputs and answer alive until the next call).
+        self.outcome: tuple[bool, object] | None = None
 
 
 _lane = _Lane()
@@ -94,7 +98,8 @@ def call(fn: Callable, *args):
         return _aside(fn, args)
     if lane.idle:
         lane.idle = False
-        ok, value = lane.main.switch((current, fn, args))
+        lane.main.switch((current, fn, args))
+        (ok, value), lane.outcome = lane.outcome, None
     else:
         waiter = Waiter()
         lane.queued.append((waiter, fn, args))
@@ -139,7 +144,7 @@ def _stop() -> None:
 def _serve() -> None:
     lane, hub = _lane, get_hub()
     lane.main, lane.thread = getcurrent(), _thread_id()
-    reply = None  # (caller, outcome): owed to a caller that switched here
+    caller = None  # owed its outcome (lane.outcome): it switched here
     try:
         while True:
             while lane.queued:
@@ -148,18 +153,19 @@ def _serve() -> None:
                     return
                 waiter, fn, args = task
                 hub.loop.run_callback(waiter.switch, _outcome(fn, args))
+                task = waiter = fn = args = None
             lane.idle = True
-            if reply is None:
+            if caller is None:
                 task = hub.switch()  # the hub runs the worker; a caller switches back here
             else:
-                caller, outcome = reply
-                reply = None
-                task = caller.switch(outcome)
+                task, caller = caller, None
+                task = task.switch()  # the caller takes lane.outcome
             lane.idle = False
             if task is _STOP:
                 return
             caller, fn, args = task
-            reply = (caller, _outcome(fn, args))
+            lane.outcome = _outcome(fn, args)
+            task = fn = args = None  # (nothing of a call stays referenced here while parked)
     finally:
         lane.main, lane.idle = None, False
 
