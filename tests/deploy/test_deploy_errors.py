@@ -9,16 +9,23 @@ SageMaker moves a resource from Creating to Failed.
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
 from tests.deploy.support import ACCOUNT, REGION, Moto, add_update_endpoint, one_error_line, run_module
 
-def later(seconds: float, change) -> threading.Timer:
-    timer = threading.Timer(seconds, change)
-    timer.start()
-    return timer
+def after_first_look(backend, describe: str, change) -> None:
+    """change() once the tool has seen the resource's state (backend.<describe> answered
+    once): the state it moves from is in the tool's output however slow its polls."""
+    original = getattr(backend, describe)
+
+    def described(*args, **kwargs):
+        answer = original(*args, **kwargs)  # (a dict made now: what the tool sees)
+        setattr(backend, describe, original)
+        change()
+        return answer
+
+    setattr(backend, describe, described)
 
 
 # ---------------------------------------------------------------- environment
@@ -163,7 +170,7 @@ def test_failed_endpoint_reports_its_failure_reason(aws_env, cli, model):
             endpoint.endpoint_status = "Failed"
             endpoint.failure_reason = "The primary container for production variant AllTraffic did not pass the ping health check."
 
-        later(0.5, fail)
+        after_first_look(backend, "describe_endpoint", fail)
         return endpoint
 
     backend.create_endpoint = create_then_fail
@@ -171,6 +178,7 @@ def test_failed_endpoint_reports_its_failure_reason(aws_env, cli, model):
         status, out, err = cli("create-endpoint", "--endpoint-name", "ep", "--model-name", model, "--poll-seconds", "0.1")
     finally:
         backend.create_endpoint = original
+        vars(backend).pop("describe_endpoint", None)
     assert (status, out) == (1, "")
     assert "endpoint ep: Creating" in err  # progress while it waited
     assert one_error_line(err) == (
@@ -266,7 +274,7 @@ def test_failed_transform_job_reports_its_failure_reason(aws_env, boto, cli, mod
             job.transform_job_status = "Failed"
             job.failure_reason = "ClientError: See job logs for more information"
 
-        later(0.5, fail)
+        after_first_look(backend, "describe_transform_job", fail)
         return job
 
     backend.create_transform_job = create_then_fail
@@ -275,6 +283,7 @@ def test_failed_transform_job_reports_its_failure_reason(aws_env, boto, cli, mod
                                "--poll-seconds", "0.1")
     finally:
         backend.create_transform_job = original
+        vars(backend).pop("describe_transform_job", None)
     assert (status, out) == (1, "")
     assert "InProgress" in err
     line = one_error_line(err)
