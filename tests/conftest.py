@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# The suite runs more processes than the machine has cores (pytest-xdist's, the servers
+# they start): an OpenMP thread that spins while it waits for work burns the core another
+# process needs (training the digits model took 13 times the CPU so on a busy machine).
+# Set before torch loads, and inherited by every process the tests start; thread counts
+# stay as they are.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tests.helpers.server import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
 from tests.helpers.models import ECHO_HOOKS, IMAGE_TEST_SIZE, model_dir_with
