@@ -36,8 +36,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,38 @@ class Answer:
     status: int
     content_type: str
     body: bytes
+
+
+@dataclass
+class Trial:
+    """One way to run this server against the reference: its settings (env: this server
+    only) and how the requests go to both sides. Written as the CLI's options: str()."""
+    env: dict[str, str] = field(default_factory=dict)
+    concurrency: int = 1
+    repeat: int = 1
+
+    def __str__(self) -> str:
+        options = [f"--env {k}={v}" for k, v in self.env.items()]
+        options += [f"--{name} {n}" for name, n in (("concurrency", self.concurrency), ("repeat", self.repeat)) if n != 1]
+        return " ".join(options) or "as is"
+
+
+@dataclass
+class Outcome:
+    """A trial's answers: table rows, and what this server said of batching (our_batching)."""
+    trial: Trial
+    rows: list[tuple[str, Answer, Answer, str | None]]
+    batching: str
+
+    @property
+    def equal(self) -> bool:
+        return all(diff is None for *_, diff in self.rows)
+
+    def report(self) -> str:
+        """What the CLI prints: the table, the batching line and the count of equal answers."""
+        differing = sum(diff is not None for *_, diff in self.rows)
+        return (f"{table(self.rows)}\n\n{self.batching}\n\n{len(self.rows) - differing} of {len(self.rows)} answers equal"
+                + ("" if self.equal else f"; {differing} differ"))
 
 
 def load_requests(folder: Path) -> list[Request]:
@@ -211,9 +244,13 @@ def table(rows: list[tuple[str, Answer, Answer, str | None]]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in [head, *lines])
 
 
-def run(model: Path, requests_dir: Path, concurrency: int = 1, repeat: int = 1, env: dict[str, str] | None = None,
-        rtol: float = RTOL, atol: float = ATOL, logs: Path | None = None):
-    """(rows for table(), every answer equal). Both sides are stopped before it returns."""
+def run(model: Path, requests_dir: Path, trials: Sequence[Trial] = (Trial(),), rtol: float = RTOL, atol: float = ATOL,
+        logs: Path | None = None) -> list[Outcome]:
+    """An Outcome per trial, in their order. The reference is started once and answers
+    every trial in turn (its settings are the same in each); this server once per trial,
+    with that trial's env, so no two trials share one. All of them start together, and
+    all are stopped before it returns. Logs: toolkit.log, and here.log (one trial) or
+    here-1.log, here-2.log, ... (several)."""
     todo = load_requests(requests_dir)
     with tempfile.TemporaryDirectory(prefix="compat-check-") as scratch:
         scratch = Path(scratch)
@@ -225,23 +262,32 @@ def run(model: Path, requests_dir: Path, concurrency: int = 1, repeat: int = 1, 
         reference = HTTPProcess([sys.executable, "-P", str(REFERENCE), str(folder), str(port)], {
             **os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder / "code"), os.environ.get("PYTHONPATH")])),
         }, f"http://127.0.0.1:{port}", "/ping", logs / "toolkit.log", cwd=folder)
-        ours = ServerProcess(folder, env=env, log_path=logs / "here.log")
+        ours = [ServerProcess(folder, env=trial.env, log_path=logs / ("here.log" if len(trials) == 1 else f"here-{i}.log"))
+                for i, trial in enumerate(trials, 1)]
         started = []
         try:
-            for side in (reference, ours):
+            for side in (reference, *ours):
                 started.append(side.start(wait=False))
             for side in started:
                 side.wait_ready(timeout=300)
-            work = [r for r in todo for _ in range(repeat)]
-            with ThreadPoolExecutor(concurrency) as pool:
-                ref_answers = list(pool.map(lambda r: send(reference.url, r), work))
-                our_answers = list(pool.map(lambda r: send(ours.url, r), work))
-            batching = our_batching(ours.url, logs / "here.log", len(work))
+            outcomes = [run_trial(reference, server, trial, todo, rtol, atol) for server, trial in zip(ours, trials)]
         finally:
             for side in started:
                 side.terminate(timeout=20)
+    return outcomes
+
+
+def run_trial(reference: HTTPProcess, ours: ServerProcess, trial: Trial, todo: list[Request], rtol: float,
+              atol: float) -> Outcome:
+    """Every request, trial.repeat times, trial.concurrency at a time: all to the
+    reference, then all to this server."""
+    work = [r for r in todo for _ in range(trial.repeat)]
+    with ThreadPoolExecutor(trial.concurrency) as pool:
+        ref_answers = list(pool.map(lambda r: send(reference.url, r), work))
+        our_answers = list(pool.map(lambda r: send(ours.url, r), work))
+    batching = our_batching(ours.url, ours.log_path, len(work))
     rows = [(r.name, a, b, first_difference(a, b, rtol, atol)) for r, a, b in zip(work, ref_answers, our_answers)]
-    return rows, all(diff is None for *_, diff in rows), batching
+    return Outcome(trial, rows, batching)
 
 
 def our_batching(url: str, log: Path, sent: int) -> str:
@@ -275,13 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--concurrency and --repeat are at least 1")
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
-    rows, equal, batching = run(args.model, args.requests, args.concurrency, args.repeat, dict(e.split("=", 1) for e in args.env),
-                      args.rtol, args.atol, args.logs)
-    print(table(rows))
-    print(f"\n{batching}")
-    differing = sum(diff is not None for *_, diff in rows)
-    print(f"\n{len(rows) - differing} of {len(rows)} answers equal" + ("" if equal else f"; {differing} differ"))
-    return 0 if equal else 1
+    trial = Trial(dict(e.split("=", 1) for e in args.env), args.concurrency, args.repeat)
+    [outcome] = run(args.model, args.requests, [trial], args.rtol, args.atol, args.logs)
+    print(outcome.report())
+    return 0 if outcome.equal else 1
 
 
 if __name__ == "__main__":
