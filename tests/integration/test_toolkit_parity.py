@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import requests
 
-from tests.helpers.server import ServerProcess, start_all
+from tests.helpers.lazy_servers import LazyServers, started
+from tests.helpers.server import ServerProcess
 from tests.helpers.toolkit_reference import Toolkit
 
 JSON, CSV, NPY = "application/json", "text/csv", "application/x-npy"
@@ -164,19 +165,30 @@ SCRIPTS = {"texts": (TEXTS, "texts_script.py"), "answers": (ANSWERS, "answers_sc
 ENV = {"texts_in_processes": {"SMSERVE_HOOK_PROCESSES": "1"}}
 
 
+class Served:
+    """served[name]: (that script's server, started when a test first asks for it, and the
+    toolkit's handler on the same script)."""
+
+    def __init__(self, servers: LazyServers, toolkits: dict[str, Toolkit]):
+        self.servers, self.toolkits = servers, toolkits
+
+    def __getitem__(self, name: str) -> tuple[ServerProcess, Toolkit]:
+        return self.servers[name], self.toolkits[name]
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("parity")
     logs = tmp_path_factory.mktemp("parity-logs")
-    made = {}
+    makers, toolkits = {}, {}
     for name, (script, program) in SCRIPTS.items():
         path = model(root, name, script, program)
         env = {"SAGEMAKER_PROGRAM": program, **ENV.get(name, {})}
-        made[name] = (ServerProcess(path, env, log_path=logs / f"{name}.log"), Toolkit(path, program))
-    start_all(server for server, _ in made.values())
-    yield made
-    for server, _ in made.values():
-        server.terminate()
+        makers[name] = lambda path=path, env=env, name=name: started(ServerProcess(path, env, log_path=logs / f"{name}.log"))
+        toolkits[name] = Toolkit(path, program)
+    servers = LazyServers(makers)
+    yield Served(servers, toolkits)
+    servers.stop()
 
 
 def ours(server: ServerProcess, body: bytes, content_type: str, accept: str | None = None) -> requests.Response:
