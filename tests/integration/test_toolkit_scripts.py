@@ -21,7 +21,8 @@ import requests
 import torch
 
 from tests.helpers.client import invoke, npy
-from tests.helpers.server import ServerProcess, start_all, worker_pids, logged
+from tests.helpers.lazy_servers import LazyServers, started
+from tests.helpers.server import ServerProcess, worker_pids, logged
 from tests.helpers.models import echo_hooks, model_dir_with
 
 JSON, CSV, NPY = "application/json", "text/csv", "application/x-npy"
@@ -159,31 +160,28 @@ def servers(tmp_path_factory):
     models.mkdir()
     folder(models, "mnist", CONTEXT_SCRIPT, "mnist.py", weights="mnist.pth")
     folder(models, "traced", weights="traced_resnet18.pt")
+    # name: (model folder, environment); each server is started when a test first asks for it.
     made = {
         # The SDK sets SAGEMAKER_PROGRAM to the entry_point's file name.
-        "context": ServerProcess(folder(root, "context", CONTEXT_SCRIPT, "mnist.py", weights="mnist.pth"), {
+        "context": (folder(root, "context", CONTEXT_SCRIPT, "mnist.py", weights="mnist.pth"), {
             "SAGEMAKER_PROGRAM": "mnist.py", "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code",
             "SAGEMAKER_TS_MIN_WORKERS": "1", "SAGEMAKER_TS_BATCH_SIZE": "4", "SMSERVE_MAX_BATCH_SIZE": "8",
-            "SAGEMAKER_TS_MAX_BATCH_DELAY": "20"}, log_path=logs / "context.log"),
-        "transform": ServerProcess(folder(root, "transform", TRANSFORM_SCRIPT, "serve_it.py"), {
-            "SAGEMAKER_PROGRAM": "serve_it.py"}, log_path=logs / "transform.log"),
-        "plain_transform": ServerProcess(folder(root, "plain_transform", TRANSFORM_NO_CONTEXT), {},
-                                         log_path=logs / "plain_transform.log"),
+            "SAGEMAKER_TS_MAX_BATCH_DELAY": "20"}),
+        "transform": (folder(root, "transform", TRANSFORM_SCRIPT, "serve_it.py"), {"SAGEMAKER_PROGRAM": "serve_it.py"}),
+        "plain_transform": (folder(root, "plain_transform", TRANSFORM_NO_CONTEXT), {}),
         # No script at all: the toolkit's default model_fn takes the folder's only .pth.
-        "lone": ServerProcess(folder(root, "lone", weights="model.pth"), {}, log_path=logs / "lone.log"),
-        "once": ServerProcess(folder(root, "once", ONCE_SCRIPT, "call_model_fn_once.py"), {
-            "SAGEMAKER_PROGRAM": "call_model_fn_once.py", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"},
-            log_path=logs / "once.log"),
+        "lone": (folder(root, "lone", weights="model.pth"), {}),
+        "once": (folder(root, "once", ONCE_SCRIPT, "call_model_fn_once.py"), {
+            "SAGEMAKER_PROGRAM": "call_model_fn_once.py", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}),
         # The PyTorch containers' response timeout: a 1 s answer deadline.
-        "deadline": ServerProcess(model_dir_with(root, echo_hooks(), "deadline"), {
-            "SAGEMAKER_TS_RESPONSE_TIMEOUT": "1"}, log_path=logs / "deadline.log"),
-        "mme": ServerProcess(root / "none", {"SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": str(models),
-                                             "SAGEMAKER_PROGRAM": "mnist.py"}, log_path=logs / "mme.log"),
+        "deadline": (model_dir_with(root, echo_hooks(), "deadline"), {"SAGEMAKER_TS_RESPONSE_TIMEOUT": "1"}),
+        "mme": (root / "none", {"SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": str(models),
+                                "SAGEMAKER_PROGRAM": "mnist.py"}),
     }
-    start_all(made.values())
-    yield {**made, "models": models}
-    for server in made.values():
-        server.terminate()
+    servers = LazyServers({name: lambda path=path, env=env, name=name: started(
+        ServerProcess(path, env, log_path=logs / f"{name}.log")) for name, (path, env) in made.items()}, models=models)
+    yield servers
+    servers.stop()
 
 
 def batch(seed: int = 0) -> np.ndarray:
