@@ -1,7 +1,8 @@
 """SAGEMAKER_CONTAINER_LOG_LEVEL (as the SageMaker SDK sets it: "10".."40" or a name)
 sets the server's level: at WARNING no access line and no start-up INFO line (CloudWatch
 bills each line). Access lines carry the inference id, in text and JSON. SMSERVE_METRICS
-=false leaves /metrics out. Real gunicorn servers with 2 workers, started side by side."""
+=false leaves /metrics out. Real gunicorn servers of one worker each (a level is every
+worker's alike), each started when a test first asks for it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import json
 import pytest
 import requests
 
-from tests.helpers.server import ServerProcess, start_all, wait_until
+from tests.helpers.lazy_servers import LazyServers, started
+from tests.helpers.server import ServerProcess, wait_until
 from tests.integration.http_raw import Reader, connect, request_bytes
 
 INFERENCE_ID = "X-Amzn-SageMaker-Inference-Id"
@@ -25,13 +27,10 @@ def servers(tmp_path_factory, echo_model_dir):
         "debug": {"SAGEMAKER_CONTAINER_LOG_LEVEL": "10"},
         "json": {"SAGEMAKER_CONTAINER_LOG_LEVEL": "INFO", "SMSERVE_LOG_FORMAT": "json"},
     }
-    started = start_all([ServerProcess(model, {"SAGEMAKER_MODEL_SERVER_WORKERS": "2", **env}, log_path=logs / name)
-                         for name, env in envs.items()])
-    try:
-        yield dict(zip(envs, started))
-    finally:
-        for server in started:
-            server.terminate()
+    servers = LazyServers({name: lambda name=name, env=env: started(ServerProcess(model, env, log_path=logs / name))
+                           for name, env in envs.items()})
+    yield servers
+    servers.stop()
 
 
 def traffic(server) -> None:
