@@ -3,9 +3,9 @@ dtype, every layout (sparse, nested, meta, views, expanded, requires_grad, a Par
 Tensor subclass), numpy's byte orders and odd arrays, 0-d values, and containers of them,
 from input_fn, predict_fn and output_fn. Each alone and beside ordinary requests (inline
 passes on the loop's thread and passes on the inference thread alike), as a session's
-state, and on a multi-model endpoint, with 2 workers a server. After all of it the
-workers are the same processes (torch's errors on a greenlet's stack were SIGSEGV:
-engine/runtime/main_lane.py)."""
+state, and on a multi-model endpoint, of one worker a server (every value reaches the
+one worker; it must outlive them all). After all of it the worker is the same process
+(torch's errors on a greenlet's stack were SIGSEGV: engine/runtime/main_lane.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import pytest
 import requests
 
 from tests.helpers.client import post
-from tests.helpers.server import ServerProcess, start_all, worker_pids
+from tests.helpers.lazy_servers import LazyServers, started
+from tests.helpers.server import ServerProcess, worker_pids
 from tests.helpers.models import hook_values_model, hook_values_module
 
 VALUES = hook_values_module()
 KINDS = VALUES.kinds()
-TWO_WORKERS = {"SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
 PLAIN_ANSWER = [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]  # input_fn read the body: bare
 # What the identity model answers a value with, whoever it runs with: these are dense
 # numbers once made numpy's (bfloat16 and float8 as float32, quantized dequantized,
@@ -35,23 +35,31 @@ ANSWERED = {f"dtype:{name}" for name in ("bool", "uint8", "int8", "int16", "int3
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
+    """Each started when a test first asks for it, its worker's pid noted then."""
     root = tmp_path_factory.mktemp("hook-values")
     logs = tmp_path_factory.mktemp("hook-values-logs")
     values = hook_values_model(root, "values")
     hook_values_model(root, "predicted", predicted=True)
-    single = ServerProcess(values, TWO_WORKERS, log_path=logs / "single.log")
-    # Two torch threads: no pass runs inline there, every one on the inference thread.
-    multi = ServerProcess(root / "none", {**TWO_WORKERS, "SMSERVE_TORCH_THREADS": "2", "SAGEMAKER_MULTI_MODEL": "true",
-                                          "SMSERVE_MODELS_ROOT": str(root)}, log_path=logs / "multi.log")
-    start_all([single, multi])
-    for name in ("values", "predicted"):
-        r = requests.post(multi.url + "/models", json={"model_name": name, "url": str(root / name)}, timeout=120)
-        assert r.status_code == 200, r.text
-    pids = {"single": worker_pids(single), "multi": worker_pids(multi)}
-    assert len(pids["single"]) == len(pids["multi"]) == 2
-    yield {"single": single, "multi": multi, "pids": pids}
-    for server in (single, multi):
-        server.terminate()
+
+    def noted(server):
+        server.first_workers = worker_pids(server)
+        assert len(server.first_workers) == 1
+
+    def loaded(server):
+        for name in ("values", "predicted"):
+            r = requests.post(server.url + "/models", json={"model_name": name, "url": str(root / name)}, timeout=120)
+            assert r.status_code == 200, r.text
+        noted(server)
+
+    servers = LazyServers({
+        "single": lambda: started(ServerProcess(values, log_path=logs / "single.log"), noted),
+        # Two torch threads: no pass runs inline there, every one on the inference thread.
+        "multi": lambda: started(ServerProcess(root / "none", {
+            "SMSERVE_TORCH_THREADS": "2", "SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": str(root)},
+            log_path=logs / "multi.log"), loaded),
+    })
+    yield servers
+    servers.stop()
 
 
 def answered(r: requests.Response, kind: str) -> tuple[int, str]:
@@ -67,7 +75,7 @@ def answered(r: requests.Response, kind: str) -> tuple[int, str]:
 def still_the_same_workers(servers, name: str) -> None:
     server = servers[name]
     assert requests.get(server.url + "/ping", timeout=5).status_code == 200
-    assert worker_pids(server) == servers["pids"][name], f"a worker of the {name} server was replaced"
+    assert worker_pids(server) == server.first_workers, f"the worker of the {name} server was replaced"
     assert "was sent SIG" not in server.log(), server.log()[-3000:]
 
 
