@@ -1,7 +1,10 @@
 """The hooks' request context (issue 22 item 2) and caller-chosen WebSocket paths (item
 4), in real gunicorns of 2 workers: each request's own context under concurrent load,
 batched models included; custom attributes sent back (streamed answers too); the
-target model of a multi-model invoke; a session on a path and query the caller chose.
+target model of a multi-model invoke; a session on a path and query the caller chose
+(on a server of one worker: a WebSocket session is the accepting worker's alone, and a
+second would prove nothing more).
+Each server is started when a test first asks for it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import requests
 from websockets.sync.client import connect as ws_connect
 
 from tests.helpers.client import post
-from tests.helpers.server import ServerProcess, start_all, wait_until, ws_url
+from tests.helpers.lazy_servers import LazyServers, started
+from tests.helpers.server import ServerProcess, wait_until, ws_url
 from tests.helpers.models import echo_hooks, model_dir_with
 from tests.integration.ws_raw import Conn
 
@@ -135,18 +139,22 @@ def servers(tmp_path_factory, example_model_dir):
     example_with(models, example_model_dir, "batched", PREDICT_WITH_CONTEXT.format(batched=True), 64)
     example_with(models, example_model_dir, "whole", PREDICT_WITH_CONTEXT.format(batched=False), 0)
     logs = tmp_path_factory.mktemp("context-logs")
-    single = ServerProcess(context_model, WORKERS, log_path=logs / "single.log")
-    mme = ServerProcess(root / "none", {**WORKERS, "SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": str(models),
-                                        # predict_fn sleeps nothing: let requests gather.
-                                        "SMSERVE_MAX_BATCH_DELAY_MS": "5"}, log_path=logs / "mme.log")
-    sessions = ServerProcess(sessions_model, WORKERS, log_path=logs / "sessions.log")
-    start_all([single, mme, sessions])
-    for name in ("ctx", "plain", "batched", "whole"):
-        r = requests.post(mme.url + "/models", json={"model_name": name, "url": str(models / name)}, timeout=120)
-        assert r.status_code == 200, r.text
-    yield {"single": single, "mme": mme, "sessions": sessions, "sessions_dir": sessions_model}
-    for server in (single, mme, sessions):
-        server.terminate()
+
+    def loaded(mme):
+        for name in ("ctx", "plain", "batched", "whole"):
+            r = requests.post(mme.url + "/models", json={"model_name": name, "url": str(models / name)}, timeout=120)
+            assert r.status_code == 200, r.text
+
+    servers = LazyServers({
+        "single": lambda: started(ServerProcess(context_model, WORKERS, log_path=logs / "single.log")),
+        "mme": lambda: started(ServerProcess(root / "none", {
+            **WORKERS, "SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": str(models),
+            # predict_fn sleeps nothing: let requests gather.
+            "SMSERVE_MAX_BATCH_DELAY_MS": "5"}, log_path=logs / "mme.log"), loaded),
+        "sessions": lambda: started(ServerProcess(sessions_model, log_path=logs / "sessions.log")),
+    }, sessions_dir=sessions_model)
+    yield servers
+    servers.stop()
 
 
 def test_every_hook_sees_the_requests_headers_and_sets_its_custom_attributes(servers):
