@@ -2,7 +2,11 @@
 full of sessions closes the one idle longest to open another (SMSERVE_SESSION_IDLE_S),
 the request whose state takes the sessions past their memory (SMSERVE_SESSION_STATE_MB)
 is a 507 that closes its session and no other, and a WebSocket handshake naming a
-session is held to the rules an HTTP request is (400 before any 101)."""
+session is held to the rules an HTTP request is (400 before any 101).
+
+The tests of one setting share a server: each test's sessions are closed after it, and
+the next starts once the worker holds none (their state given back), so each test finds
+the worker as a fresh server's; the closings it sees are those since it began."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import requests
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from tests.helpers.server import ServerProcess, wait_until, worker_pids, ws_url
+from tests.helpers.server import ServerProcess, metric, wait_until, worker_pids, ws_url
 from tests.helpers.models import model_dir_with
 
 SESSION = "X-Amzn-SageMaker-Session-Id"
@@ -60,19 +64,50 @@ def predict_fn(data, model):
 '''
 
 
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """servers(settings) -> the module's server with these settings added, started the
+    first time a test asks for it."""
+    folder = model_dir_with(tmp_path_factory.mktemp("growing"), GROWING_HOOKS, "growing")
+    made: dict[tuple, ServerProcess] = {}
+
+    def get(settings: dict[str, str]) -> ServerProcess:
+        key = tuple(sorted(settings.items()))
+        if key not in made:
+            logs = tmp_path_factory.mktemp("bounds-server")
+            env = {"SESSION_ENDED_LOG": str(logs / "ended.jsonl"), "SMSERVE_MAX_SESSIONS": "2",
+                   "SMSERVE_SESSION_IDLE_S": "1", "SMSERVE_SESSION_STATE_MB": "1", **settings}
+            made[key] = ServerProcess(folder, env, log_path=logs / "server.log").start()
+            made[key].ended = logs / "ended.jsonl"
+        return made[key]
+
+    yield get
+    for server in made.values():
+        server.terminate()
+
+
 @pytest.fixture
-def server(tmp_path, request):
-    folder = model_dir_with(tmp_path, GROWING_HOOKS, "growing")
-    env = {"SESSION_ENDED_LOG": str(tmp_path / "ended.jsonl"), "SMSERVE_MAX_SESSIONS": "2",
-           "SMSERVE_SESSION_IDLE_S": "1", "SMSERVE_SESSION_STATE_MB": "1", **getattr(request, "param", {})}
-    with ServerProcess(folder, env, log_path=tmp_path / "server.log") as s:
-        s.ended = tmp_path / "ended.jsonl"
-        yield s
+def server(servers, request):
+    """The module's server of the settings the test asks for (request.param), holding no
+    session; every session the test opens is closed after it, and the next test waits
+    until the worker holds none and their closings are all written."""
+    s = servers(getattr(request, "param", {}))
+    s.opened = []  # every session ID the test's requests were given
+    s.ended_from = len(_ended_lines(s))
+    yield s
+    for session in s.opened:
+        requests.post(s.url + "/invocations", json={"requestType": "CLOSE"}, headers={SESSION: session}, timeout=30)
+    assert wait_until(lambda: set(s.opened) <= set(_ends(_ended_lines(s)))), "a session's closing was never written"
+    assert wait_until(lambda: metric(s, "smserve_sessions_open") == metric(s, "smserve_session_state_bytes") == 0), \
+        "the worker still holds sessions after the test closed every one it opened"
 
 
 def invoke(server, session: str, grow: int = 0, chat: int = 0, **headers) -> requests.Response:
-    return requests.post(server.url + "/invocations", data=json.dumps({"grow": grow, "chat": chat}),
-                         headers={"Content-Type": "application/json", SESSION: session, **headers}, timeout=30)
+    answer = requests.post(server.url + "/invocations", data=json.dumps({"grow": grow, "chat": chat}),
+                           headers={"Content-Type": "application/json", SESSION: session, **headers}, timeout=30)
+    if NEW_ID in answer.headers:
+        server.opened.append(answer.headers[NEW_ID].split(";")[0])
+    return answer
 
 
 def opened(server) -> str:
@@ -81,9 +116,17 @@ def opened(server) -> str:
     return answer.headers[NEW_ID].split(";")[0]
 
 
-def ends(server) -> dict[str, str]:
-    lines = server.ended.read_text().splitlines() if server.ended.exists() else []
+def _ended_lines(server) -> list[str]:
+    return server.ended.read_text().splitlines() if server.ended.exists() else []
+
+
+def _ends(lines: list[str]) -> dict[str, str]:
     return {entry["id"]: entry["how"] for entry in map(json.loads, lines)}
+
+
+def ends(server) -> dict[str, str]:
+    """The sessions that ended since the test began, and how."""
+    return _ends(_ended_lines(server)[server.ended_from:])
 
 
 def test_a_full_worker_closes_its_longest_idle_session_to_open_another(server):
