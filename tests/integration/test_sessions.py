@@ -400,52 +400,52 @@ def test_sigterm_closes_every_session_after_the_requests_in_flight(tmp_path):
     assert closings[sids[0]]["seen"] == [0, 777]  # closed after its request in flight finished
 
 
-def test_a_killed_workers_sessions_are_refused_never_served_without_their_state(tmp_path):
+def test_a_killed_workers_sessions_are_refused_never_served_without_their_state(server):
     """kill -9 of the worker holding a session, under load: its requests are 400s naming
     the session (its state died with it, and the ID names the old process), never a 200
     without its history; the other worker's session goes on; the restarted worker opens
-    new ones."""
+    new ones. (On the module's server: the test ends once both workers serve again, and
+    the other tests use only sessions of their own and counts compared before and after,
+    which a worker's kill never lowers: metrics/tally.py.)"""
     import signal
 
-    env = {**TWO, "SESSION_ENDED_LOG": str(tmp_path / "ended.jsonl")}
-    with ServerProcess(counter_model(tmp_path), env, log_path=tmp_path / "server.log") as server:
-        (doomed_i, doomed), (survivor_i, survivor) = sessions_on_both_workers(server.url, 2, "k").items()
-        tokens = {doomed: f"k-{doomed_i}", survivor: f"k-{survivor_i}"}
-        victim = invoke(server.url, doomed, 1).json()["worker"]
-        invoke(server.url, survivor, 1)
-        answers = []
-        stop = time.monotonic() + 3
+    (doomed_i, doomed), (survivor_i, survivor) = sessions_on_both_workers(server.url, 2, "k").items()
+    tokens = {doomed: f"k-{doomed_i}", survivor: f"k-{survivor_i}"}
+    victim = invoke(server.url, doomed, 1).json()["worker"]
+    invoke(server.url, survivor, 1)
+    answers = []
+    stop = time.monotonic() + 3
 
-        def load(sid, first):
-            n = first
-            while time.monotonic() < stop:
-                try:
-                    answers.append((sid, n, invoke(server.url, sid, n)))
-                except requests.ConnectionError:
-                    answers.append((sid, n, None))  # a request the kill cut off
-                n += 2
+    def load(sid, first):
+        n = first
+        while time.monotonic() < stop:
+            try:
+                answers.append((sid, n, invoke(server.url, sid, n)))
+            except requests.ConnectionError:
+                answers.append((sid, n, None))  # a request the kill cut off
+            n += 2
 
-        with ThreadPoolExecutor(2) as pool:
-            runs = [pool.submit(load, doomed, 2), pool.submit(load, survivor, 2)]
-            assert wait_until(lambda: {sid for sid, _, _ in answers} == {doomed, survivor})  # both sessions flow
-            os.kill(victim, signal.SIGKILL)
-            for run in runs:
-                run.result()
-        refused = 0
-        for sid, n, answer in answers:
-            if answer is not None and answer.status_code == 200:
-                got = answer.json()
-                assert got["token"] == tokens[sid] and got["seen"][:2] == [0, 1] and got["seen"][-1] == n, got
-            elif answer is not None:
-                assert sid == doomed and answer.status_code == 400 and doomed in answer.json()["error"], answer.text
-                refused += 1
-            # (None: a connection the victim held when it died, whichever session's request it carried.)
-        assert refused > 0
-        assert wait_until(lambda: len(worker_pids(server)) == 2 and victim not in worker_pids(server), timeout=60)
-        after = invoke(server.url, doomed, 99)
-        assert after.status_code == 400 and doomed in after.json()["error"], after.text
-        assert invoke(server.url, survivor, 100).json()["seen"][-1] == 100
-        assert wait_until(lambda: _status_of_new(server) == 200, timeout=60)
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(load, doomed, 2), pool.submit(load, survivor, 2)]
+        assert wait_until(lambda: {sid for sid, _, _ in answers} == {doomed, survivor})  # both sessions flow
+        os.kill(victim, signal.SIGKILL)
+        for run in runs:
+            run.result()
+    refused = 0
+    for sid, n, answer in answers:
+        if answer is not None and answer.status_code == 200:
+            got = answer.json()
+            assert got["token"] == tokens[sid] and got["seen"][:2] == [0, 1] and got["seen"][-1] == n, got
+        elif answer is not None:
+            assert sid == doomed and answer.status_code == 400 and doomed in answer.json()["error"], answer.text
+            refused += 1
+        # (None: a connection the victim held when it died, whichever session's request it carried.)
+    assert refused > 0
+    assert wait_until(lambda: len(worker_pids(server)) == 2 and victim not in worker_pids(server), timeout=60)
+    after = invoke(server.url, doomed, 99)
+    assert after.status_code == 400 and doomed in after.json()["error"], after.text
+    assert invoke(server.url, survivor, 100).json()["seen"][-1] == 100
+    assert wait_until(lambda: _status_of_new(server) == 200, timeout=60)
 
 
 def _status_of_new(server) -> int:
