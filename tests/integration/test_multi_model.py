@@ -2,8 +2,9 @@
 SageMaker's model API, every worker in step, room measured (507), memory given back
 after unloads, races of loads, invokes and unloads, and SIGTERM in MME mode.
 
-Two servers, started side by side: one for the API and the races (room unlimited in
-practice), one with a small room for the 507 cases."""
+One server for the API, the races and the 507 cases: its room is small (the 507 cases'
+big models need that), and the other tests' models are small ones, each unloaded after
+its test, so that each test finds the server holding no model."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ import pytest
 import requests
 import torch
 
-from tests.helpers.server import ServerProcess, log_lines, pending_requests, start_all, wait_until, worker_pids
+from tests.helpers.server import ServerProcess, log_lines, pending_requests, wait_until, worker_pids
 from tests.helpers.models import echo_hooks, model_dir_with
 from tests.helpers.unsafe_archives import unsafe_export
 
 PIXELS = [[float(i % 17) for i in range(64)]]
 MME = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
-# Room for the 507 server: the small model and one big model (~155 MB a worker) fit and a
+# The server's room: the small model and one big model (~155 MB a worker) fit and a
 # second big one does not; after an unload it does. (What every model's first load
 # imports, ~100 MB a worker, comes at the worker's start: no model's footprint holds it.)
 SMALL_ROOM_MB = 480
@@ -53,15 +54,11 @@ def mme(models: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def servers(models, tmp_path_factory):
+def server(models, tmp_path_factory):
     logs = tmp_path_factory.mktemp("mme-logs")
-    api = ServerProcess(models / "none", mme(models), log_path=logs / "api.log")
-    small = ServerProcess(models / "none", {**mme(models), "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
-                          log_path=logs / "small.log")
-    start_all([api, small])
-    yield {"api": api, "small": small}
-    for server in (api, small):
-        server.terminate()
+    with ServerProcess(models / "none", {**mme(models), "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
+                       log_path=logs / "server.log") as started:
+        yield started
 
 
 def load(server, name, url, timeout=120):
@@ -74,15 +71,13 @@ def invoke(server, name, body=None, **kwargs):
         return s.post(f"{server.url}/models/{name}/invoke", json=body or {"instances": PIXELS}, timeout=60, **kwargs)
 
 
-def test_ping_is_200_with_no_model_and_invocations_points_to_the_model_api(servers):
-    server = servers["api"]
+def test_ping_is_200_with_no_model_and_invocations_points_to_the_model_api(server):
     assert requests.get(server.url + "/ping").status_code == 200
     r = requests.post(server.url + "/invocations", json={"instances": PIXELS})
     assert r.status_code == 404 and "/models/" in r.json()["error"]
 
 
-def test_the_whole_model_api(servers, models):
-    server = servers["api"]
+def test_the_whole_model_api(server, models):
     r = load(server, "a", models / "a")
     assert r.status_code == 200, r.text
     # Loaded through every worker the moment the 200 came: never a 404 from a sibling.
@@ -108,8 +103,7 @@ def test_the_whole_model_api(servers, models):
     assert requests.get(server.url + "/v2/models/a").status_code == 404
 
 
-def test_list_is_the_same_on_every_worker_and_pages(servers, models):
-    server = servers["api"]
+def test_list_is_the_same_on_every_worker_and_pages(server, models):
     for name in ("b", "c", "echo"):
         assert load(server, name, models / name).status_code == 200
     try:
@@ -137,8 +131,7 @@ def test_list_is_the_same_on_every_worker_and_pages(servers, models):
     ({"url": "/tmp"}, 400),
     ("not json", 400),
 ])
-def test_a_bad_load_request_is_a_json_4xx(servers, body, status):
-    server = servers["api"]
+def test_a_bad_load_request_is_a_json_4xx(server, body, status):
     r = requests.post(server.url + "/models", data=body if isinstance(body, str) else json.dumps(body))
     assert r.status_code == status and "error" in r.json()
     assert requests.get(server.url + "/models/x").status_code == 404
@@ -151,20 +144,18 @@ def listed(server) -> list[str]:
 @pytest.mark.parametrize("name", ["a" * 1025, "x" * 4100, "caf\u00e9", "tab\there", " leading-space", "nul\x00",
                                   "del\x7f"],
                          ids=["1025", "4100", "non-ascii", "tab", "space", "nul", "del"])
-def test_a_name_sagemaker_could_not_send_is_400_and_nothing_is_registered(servers, models, name):
+def test_a_name_sagemaker_could_not_send_is_400_and_nothing_is_registered(server, models, name):
     """SageMaker's TargetModel is 1-1,024 printable ASCII characters. A name of ~4,080+
     could never be addressed again (414s), each name is a label of ~20 /metrics series,
     and all were loaded before."""
-    server = servers["api"]
     r = load(server, name, models / "a")
     assert r.status_code == 400 and "model_name must be 1 to 1024 characters" in r.json()["error"], r.text
     assert listed(server) == []
 
 
-def test_a_name_of_1024_characters_that_each_need_escaping_works_end_to_end(servers, models):
+def test_a_name_of_1024_characters_that_each_need_escaping_works_end_to_end(server, models):
     """The longest name SageMaker may send, every character percent-encoded in its paths
     (3,072 bytes of path): loaded, described, invoked, listed and unloaded."""
-    server = servers["api"]
     name = "/% ?#\"&+"[:1] + "".join("/% ?#\"&+"[i % 8] for i in range(1, 1024))
     assert len(name) == 1024
     path = "/models/" + quote(name, safe="")
@@ -183,10 +174,9 @@ def test_a_name_of_1024_characters_that_each_need_escaping_works_end_to_end(serv
     assert listed(server) == []
 
 
-def test_a_folder_outside_the_models_root_is_400(servers, models, tmp_path, example_model_dir):
+def test_a_folder_outside_the_models_root_is_400(server, models, tmp_path, example_model_dir):
     """Loading runs the folder's code/inference.py: only folders under SMSERVE_MODELS_ROOT
     (SageMaker's /opt/ml/models) are loaded, '..' resolved first."""
-    server = servers["api"]
     outside = shutil.copytree(example_model_dir, tmp_path / "elsewhere")
     for url in (str(outside), str(models / "a" / ".." / ".." / outside.parent.name / "elsewhere"), "a",
                 str(models) + "-sibling"):
@@ -195,8 +185,7 @@ def test_a_folder_outside_the_models_root_is_400(servers, models, tmp_path, exam
     assert listed(server) == []
 
 
-def test_a_broken_model_is_400_and_the_others_go_on(servers, models):
-    server = servers["api"]
+def test_a_broken_model_is_400_and_the_others_go_on(server, models):
     assert load(server, "c", models / "c").status_code == 200
     try:
         r = load(server, "broken", models / "broken")
@@ -211,8 +200,8 @@ def test_a_broken_model_is_400_and_the_others_go_on(servers, models):
         requests.delete(server.url + "/models/c")
 
 
-def test_a_model_pt2_that_would_unpickle_is_400_and_runs_nothing(servers, models):
-    server, marker = servers["api"], models / "pickled-ran"
+def test_a_model_pt2_that_would_unpickle_is_400_and_runs_nothing(server, models):
+    marker = models / "pickled-ran"
     unsafe_export(models / "pickled", "pickled_weight", marker)
     r = load(server, "pickled", models / "pickled")
     assert r.status_code == 400 and "never unpickles" in r.json()["error"], r.text
@@ -221,21 +210,24 @@ def test_a_model_pt2_that_would_unpickle_is_400_and_runs_nothing(servers, models
     assert requests.get(server.url + "/ping").status_code == 200
 
 
-def test_no_room_is_507_and_a_load_that_fits_after_an_unload(servers, models):
-    server = servers["small"]
-    assert load(server, "a", models / "a").status_code == 200
-    assert load(server, "big1", models / "big1").status_code == 200
-    r = load(server, "big2", models / "big2")
-    assert r.status_code == 507, r.text
-    assert "room" in r.json()["error"]
-    # What the refused load took is given back, everywhere: it is not listed, not answered.
-    assert [m["modelName"] for m in requests.get(server.url + "/models").json()["models"]] == ["a", "big1"]
-    assert requests.post(server.url + "/models/big2/invoke", json={}).status_code == 404
-    assert requests.delete(server.url + "/models/big1").status_code == 200
-    assert load(server, "big2", models / "big2").status_code == 200
-    assert [invoke(server, "a").status_code for _ in range(4)] == [200] * 4
-    for name in ("a", "big2"):
-        assert requests.delete(server.url + f"/models/{name}").status_code == 200
+def test_no_room_is_507_and_a_load_that_fits_after_an_unload(server, models):
+    try:
+        assert load(server, "a", models / "a").status_code == 200
+        assert load(server, "big1", models / "big1").status_code == 200
+        r = load(server, "big2", models / "big2")
+        assert r.status_code == 507, r.text
+        assert "room" in r.json()["error"]
+        # What the refused load took is given back, everywhere: it is not listed, not answered.
+        assert [m["modelName"] for m in requests.get(server.url + "/models").json()["models"]] == ["a", "big1"]
+        assert requests.post(server.url + "/models/big2/invoke", json={}).status_code == 404
+        assert requests.delete(server.url + "/models/big1").status_code == 200
+        assert load(server, "big2", models / "big2").status_code == 200
+        assert [invoke(server, "a").status_code for _ in range(4)] == [200] * 4
+        for name in ("a", "big2"):
+            assert requests.delete(server.url + f"/models/{name}").status_code == 200
+    finally:
+        for name in ("a", "big1", "big2"):  # (after a failure: the next test finds none loaded)
+            requests.delete(server.url + f"/models/{name}", timeout=60)
 
 
 def _rss(pids) -> int:
@@ -246,10 +238,9 @@ def _rss(pids) -> int:
     return total
 
 
-def test_memory_returns_after_unloads_over_many_cycles(servers, models):
+def test_memory_returns_after_unloads_over_many_cycles(server, models):
     """50 load/unload cycles of one model: the workers' resident memory after the last
     is within noise of after the fifth (the first loads bring what every load needs)."""
-    server = servers["api"]
     pids = worker_pids(server)
     samples = {}
     for cycle in range(1, 51):
@@ -263,10 +254,9 @@ def test_memory_returns_after_unloads_over_many_cycles(servers, models):
     assert growth_mb < 20, f"workers grew {growth_mb:.1f} MB over 45 load/unload cycles"
 
 
-def test_loads_racing_invokes_and_unloads_of_one_name(servers, models):
+def test_loads_racing_invokes_and_unloads_of_one_name(server, models):
     """Loaders, unloaders and invokers of one name at once: only the contract's answers
     (200, 404, 409), never a 5xx, and /ping keeps answering."""
-    server = servers["api"]
     stop = time.monotonic() + 8
     seen: dict[str, set] = {"load": set(), "unload": set(), "invoke": set(), "ping": set()}
     lock = threading.Lock()
@@ -300,8 +290,7 @@ def test_loads_racing_invokes_and_unloads_of_one_name(servers, models):
     assert requests.get(server.url + "/models/race").status_code == 404
 
 
-def test_a_restarted_worker_loads_every_model_before_it_serves(servers, models):
-    server = servers["api"]
+def test_a_restarted_worker_loads_every_model_before_it_serves(server, models):
     assert load(server, "a", models / "a").status_code == 200
     try:
         before = worker_pids(server)
