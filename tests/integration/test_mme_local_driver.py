@@ -3,13 +3,13 @@ against a real gunicorn with 2 workers in multi-model mode: it unpacks archives 
 cache (safely), loads, invokes, reloads after a 404, and on 507 unloads the least
 recently used model and retries.
 
-Two servers side by side: one with the default room, one with a small room (500 MB).
-In the small one a warm-up load and unload first brings what every worker's first load
-needs (~100 MB a worker, ~205 MB over both with the digits model: it fits), so that each
-later load's measured footprint is the model's own: a big model (a zero-filled
-Linear(6400, 6144) in TorchScript, 157 MB of weights, a tiny archive) takes ~315 MB over
-both workers, a digits model ~1.4 MB. The room holds one big model and digits models,
-never two big ones."""
+One server, with a small room (500 MB), emptied after each test. A warm-up load and
+unload first brings what every worker's first load needs (~100 MB a worker, ~205 MB over
+both with the digits model: it fits), so that each later load's measured footprint is
+the model's own: a big model (a zero-filled Linear(6400, 6144) in TorchScript, 157 MB of
+weights, a tiny archive) takes ~315 MB over both workers, a digits model ~1.4 MB. The
+room holds one big model and digits models, never two big ones; only the 507 test loads
+big ones."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import requests
 import torch
 
 from local_test.multi_model import DriverError, LocalMultiModel, unpack
-from tests.helpers.server import ROOT, ServerProcess, start_all
+from tests.helpers.server import ROOT, ServerProcess
 
 MME = {"SAGEMAKER_MULTI_MODEL": "true", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
 SMALL_ROOM_MB = 500
@@ -67,31 +67,25 @@ def archives(tmp_path_factory, example_model_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def servers(archives, tmp_path_factory):
+def server(archives, tmp_path_factory):
     logs = tmp_path_factory.mktemp("mme-driver-logs")
     # The driver unpacks into each test's own temporary folder: all under the base one.
-    mme = {**MME, "SMSERVE_MODELS_ROOT": str(tmp_path_factory.getbasetemp())}
-    api = ServerProcess(archives / "none", mme, log_path=logs / "api.log")
-    small = ServerProcess(archives / "none", {**mme, "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)},
-                          log_path=logs / "small.log")
-    start_all([api, small])
-    try:
-        # The small server's warm-up: what every first load brings stays, unattributed.
-        warm = LocalMultiModel(archives, small.url, tmp_path_factory.mktemp("warm-cache"), remember=False)
+    env = {**MME, "SMSERVE_MODELS_ROOT": str(tmp_path_factory.getbasetemp()),
+           "SMSERVE_MODELS_MEMORY_MB": str(SMALL_ROOM_MB)}
+    with ServerProcess(archives / "none", env, log_path=logs / "server.log") as started:
+        # The warm-up: what every first load brings stays, unattributed.
+        warm = LocalMultiModel(archives, started.url, tmp_path_factory.mktemp("warm-cache"), remember=False)
         for target in ("a.tar.gz", "warm.tar.gz"):
             warm.load(target)
         assert sorted(warm.unload_all()) == ["a.tar.gz", "warm.tar.gz"]
-        yield {"api": api, "small": small}
-    finally:
-        for server in (api, small):
-            server.terminate()
+        yield started
 
 
 @pytest.fixture
-def api(servers, archives, tmp_path):
-    """The default-room server, emptied after each test."""
-    yield servers["api"]
-    LocalMultiModel(archives, servers["api"].url, tmp_path / "cleanup", remember=False).unload_all()
+def api(server, archives, tmp_path):
+    """The server, emptied after each test."""
+    yield server
+    LocalMultiModel(archives, server.url, tmp_path / "cleanup", remember=False).unload_all()
 
 
 def listed(server) -> list[str]:
@@ -180,8 +174,8 @@ def test_the_order_of_use_outlives_the_driver(api, archives, tmp_path):
     assert later.loaded == ["stranger", "a.tar.gz", "b.tar.gz"]
 
 
-def test_507_unloads_the_least_recently_used_until_the_model_fits(servers, archives, tmp_path):
-    small = servers["small"]
+def test_507_unloads_the_least_recently_used_until_the_model_fits(api, archives, tmp_path):
+    small = api
     mme = LocalMultiModel(archives, small.url, tmp_path)
     try:
         for target, body in (("big1.tar.gz", BIG_BODY), ("a.tar.gz", PIXELS)):
