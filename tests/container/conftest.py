@@ -28,6 +28,7 @@ from tests.container.support import (
     IMAGE,
     REPO,
     Container,
+    image_key,
     last_line,
     local_torch_wheel_dir,
     podman_problem,
@@ -46,8 +47,9 @@ def podman() -> str:
 
 @contextlib.contextmanager
 def one_build_at_a_time():
-    """Each pytest-xdist worker (`make test`) that runs an image test builds the images
-    for its own session: one at a time, so the second finds every layer made and cached."""
+    """Each pytest-xdist worker (`make test`) that runs an image test asks for the images
+    for its own session: one at a time, so the second finds the first's tag and builds
+    nothing (build_image)."""
     lock = REPO / "build" / ".container-tests.lock"
     lock.parent.mkdir(exist_ok=True)
     with open(lock, "w") as held:
@@ -86,20 +88,23 @@ def _base_image(podman: str) -> str:
 def image(podman, base_image) -> str:
     """The project's image, built from the Dockerfile as users build it, except for the
     base and a CPU torch (the CUDA default is several GB, and there is no GPU here).
-    Layers are cached, so a rerun rebuilds only what changed in container/."""
-    return build_image(podman, base_image, IMAGE)
+    Layers are cached, so a rerun rebuilds only what changed in container/; with nothing
+    changed the image made before is used as it is (image_key)."""
+    return build_image(podman, base_image, "test")
 
 
 @pytest.fixture(scope="session")
 def compiler_image(podman, base_image, image) -> str:
     """The image built with --build-arg COMPILER=true (`make build COMPILER=true`). It
     shares the base and venv layers of `image`, so it costs one apt-get install."""
-    return build_image(podman, base_image, IMAGE + "-compiler", ["--build-arg", "COMPILER=true"])
+    return build_image(podman, base_image, "test-compiler", ["--build-arg", "COMPILER=true"])
 
 
-def build_image(podman: str, base_image: str, tag: str, extra_args: list[str] = ()) -> str:
+def build_image(podman: str, base_image: str, name: str, extra_args: list[str] = ()) -> str:
+    """IMAGE:name-<key>, a tag for these build inputs alone: a checkout with other
+    sources (another worktree, a concurrent run) builds and runs its own image."""
     version = torch_version()
-    args = [podman, "build", "--tag", tag, "--build-arg", f"BASE_IMAGE={base_image}", *extra_args]
+    args = ["--build-arg", f"BASE_IMAGE={base_image}", *extra_args]
     wheel_dir = local_torch_wheel_dir(version)
     if wheel_dir:
         # The exact local version makes pip take the wheel on disk; the index still
@@ -116,7 +121,12 @@ def build_image(podman: str, base_image: str, tag: str, extra_args: list[str] = 
             "--build-arg", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu",
         ]
     with one_build_at_a_time():
-        built = run(args + [str(REPO)], timeout=BUILD_TIMEOUT_S)
+        base_id = run([podman, "image", "inspect", "--format", "{{.Id}}", base_image]).stdout.strip()
+        key = image_key(args, base_id) if base_id else None
+        tag = f"{IMAGE}:{name}-{key or 'unkeyed'}"
+        if key and run([podman, "image", "exists", tag]).returncode == 0:
+            return tag
+        built = run([podman, "build", "--tag", tag, *args, str(REPO)], timeout=BUILD_TIMEOUT_S)
     if built.returncode != 0:
         pytest.fail(f"podman build failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}")
     return tag

@@ -6,7 +6,9 @@ podman rather than docker because the build mounts the local torch wheel with
 
 from __future__ import annotations
 
+import fnmatch
 import glob
+import hashlib
 import os
 import re
 import socket
@@ -22,7 +24,8 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = "podman"
 BASE_IMAGE = "localhost/bookworm-python:3.11"
-IMAGE = "localhost/sagemaker-pytorch-byoc:test"
+# Tagged IMAGE:test-<key>, the key a hash of everything the build reads (image_key).
+IMAGE = "localhost/sagemaker-pytorch-byoc"
 CONTAINER_PORT = 8080
 BUILD_TIMEOUT_S = 1800
 
@@ -57,6 +60,51 @@ def local_torch_wheel_dir(version: str) -> str | None:
         if glob.glob(os.path.join(directory, f"torch-{version}+cpu-cp311-*.whl")):
             return os.path.abspath(directory)
     return None
+
+
+def image_key(build_args: list[str], base_image_id: str) -> str | None:
+    """A hash of what `podman build` reads: the build arguments, the base image's ID, the
+    Dockerfile, every file .dockerignore lets into the context (path, mode, bytes) and
+    the names and sizes of the wheels a --volume mounts. The same key means podman's own
+    cache would give the same image, so the tests use the one tagged with it instead of
+    asking podman: podman checks `COPY --from=builder /opt/venv` by hashing the whole
+    venv (torch included), about 20 CPU-seconds even when every layer is cached.
+    None when .dockerignore is not the allowlist this reads (`*`, then `!path` lines and
+    `**/name` exclusions): then the tests always build."""
+    rules = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.strip().startswith("#")]
+    if not rules or rules[0] != "*":
+        return None
+    included = [rule[1:].rstrip("/") for rule in rules[1:] if rule.startswith("!")]
+    excluded = [rule[3:] for rule in rules[1:] if rule.startswith("**/")]
+    if len(included) + len(excluded) != len(rules) - 1 or any("*" in path for path in included):
+        return None
+
+    digest = hashlib.sha256()
+
+    def add(*parts: str | bytes) -> None:
+        for part in parts:
+            digest.update(part if isinstance(part, bytes) else part.encode())
+            digest.update(b"\0")
+
+    add(*build_args, base_image_id, (REPO / "Dockerfile").read_bytes(), (REPO / ".dockerignore").read_bytes())
+    files = []
+    for path in map(REPO.joinpath, included):
+        if path.is_dir():
+            for root, dirs, names in os.walk(path):
+                dirs[:] = [d for d in dirs if not any(fnmatch.fnmatch(d, pattern) for pattern in excluded)]
+                files += [Path(root, n) for n in names if not any(fnmatch.fnmatch(n, pattern) for pattern in excluded)]
+        else:
+            files.append(path)
+    for path in sorted(files):
+        add(str(path.relative_to(REPO)), oct(path.lstat().st_mode))
+        add(os.readlink(path) if path.is_symlink() else path.read_bytes())
+    for i, arg in enumerate(build_args):
+        if i and build_args[i - 1] == "--volume":
+            mounted = arg.split(":")[0]
+            for wheel in sorted(glob.glob(os.path.join(mounted, "*.whl"))):
+                add(os.path.basename(wheel), str(os.path.getsize(wheel)))
+    return digest.hexdigest()[:16]
 
 
 def free_port() -> int:
