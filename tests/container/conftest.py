@@ -148,9 +148,11 @@ def start_container(podman, image):
         container.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def serving(podman, image, example_model_dir):
-    """The example model served from the image, shared by the read-only tests."""
+    """The example model served from the image, shared by the read-only tests of every
+    module (those that only send it requests): each start costs a gunicorn, torch and
+    the model's load and warm-up inside the container."""
     container = Container(podman, image, example_model_dir).start()
     try:
         container.wait_ready()
