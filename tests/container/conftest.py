@@ -9,6 +9,10 @@ Environment:
   TORCH_WHEEL_DIR          a directory holding the torch CPU wheel (also searched:
                            PIP_FIND_LINKS); without one the build downloads torch from
                            the PyTorch CPU index
+
+The images are tagged localhost/sagemaker-pytorch-byoc:test-<key> and :test-compiler-<key>,
+one tag per set of build inputs (support.image_key), kept for the next session; those of
+sources since changed are no longer used (`podman rmi` them to free their layers).
 """
 
 from __future__ import annotations
