@@ -20,7 +20,7 @@ from websockets.sync.client import connect as ws_connect
 
 from tests.helpers.client import from_npy, npy
 from tests.helpers.models import STREAMING_HOOKS, model_dir_with
-from tests.helpers.server import all_read, metric, pending_requests, wait_until, ws_url
+from tests.helpers.server import ServerProcess, all_read, metric, pending_requests, wait_until, ws_url
 
 WS_PATH = "/invocations-bidirectional-stream"
 
@@ -36,13 +36,18 @@ def closed_with(ws, timeout: float = 10) -> tuple[int, str]:
 # ---------------------------------------------------------------- response streaming
 
 
-@pytest.fixture
-def streaming_server(make_server, tmp_path):
-    marks = tmp_path / "marks"
+@pytest.fixture(scope="module")
+def streaming_server(tmp_path_factory):
+    """The streaming hooks, shared by the module's tests: each asks for its own records,
+    and a test that looks for a mark or a log line finds its own (its request's id, the
+    log written since it began)."""
+    work = tmp_path_factory.mktemp("streaming")
+    marks = work / "marks"
     marks.mkdir()
-    server = make_server(model_dir_with(tmp_path, STREAMING_HOOKS, "streaming"), {"STREAM_MARKS": str(marks)})
-    server.marks = marks
-    return server
+    with ServerProcess(model_dir_with(work, STREAMING_HOOKS, "streaming"), {"STREAM_MARKS": str(marks)},
+                       log_path=work / "server.log") as server:
+        server.marks = marks
+        yield server
 
 
 def read_chunks(response) -> list[tuple[float, bytes]]:
@@ -90,13 +95,14 @@ def test_a_failure_after_the_first_chunk_ends_the_stream_with_an_error_record(st
 
 @pytest.mark.slow
 def test_a_client_that_leaves_mid_stream_closes_the_generator(streaming_server):
+    log_at = len(streaming_server.log())
     with requests.post(streaming_server.url + "/invocations", json={"n": 1000, "pause": 0.05, "id": "left"},
                        headers={"Accept": "application/jsonlines"}, stream=True, timeout=30) as r:
         next(r.iter_lines())
     mark = streaming_server.marks / "closed-left"
     assert wait_until(mark.exists, timeout=15), "the model's generator ran on after its client left"
     # Far fewer than 1000 records were made: 1000 x 0.05 s would take 50 s.
-    assert "stream closed before its end" in streaming_server.log()
+    assert "stream closed before its end" in streaming_server.log()[log_at:]
 
 
 @pytest.mark.slow
