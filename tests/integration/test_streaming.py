@@ -50,6 +50,21 @@ def streaming_server(tmp_path_factory):
         yield server
 
 
+# One server of the example model for the tests that need settings of their own: passes
+# of at most 4 records, a 20 ms gathering delay and the debug log (each forward pass says
+# how many requests it served), a 1 MB payload limit. Each test needs one of them, and the
+# others do not change what it sees.
+SETTINGS = {"SMSERVE_MAX_BATCH_SIZE": "4", "SMSERVE_MAX_BATCH_DELAY_MS": "20", "SMSERVE_LOG_LEVEL": "debug",
+            "SMSERVE_MAX_REQUEST_MB": "1"}
+
+
+@pytest.fixture(scope="module")
+def settings_server(example_model_dir, tmp_path_factory):
+    work = tmp_path_factory.mktemp("settings")
+    with ServerProcess(example_model_dir, SETTINGS, log_path=work / "server.log") as server:
+        yield server
+
+
 def read_chunks(response) -> list[tuple[float, bytes]]:
     """Each HTTP chunk as it arrived, with its arrival time."""
     return [(time.monotonic(), chunk) for chunk in response.raw.read_chunked(decode_content=False)]
@@ -116,11 +131,11 @@ def test_a_request_that_fails_before_its_first_item_gets_its_status(streaming_se
 
 
 @pytest.mark.slow
-def test_many_records_in_a_line_format_leave_pass_by_pass(make_server, example_model_dir):
+def test_many_records_in_a_line_format_leave_pass_by_pass(settings_server):
     rng = np.random.default_rng(3)
     rows = (rng.random((50, 64)) * 16).astype(np.float32)
     body = "".join(json.dumps(r) + "\n" for r in rows.tolist()).encode()
-    server = make_server(example_model_dir, {"SMSERVE_MAX_BATCH_SIZE": "4"})
+    server = settings_server  # passes of 4 records
     with requests.post(server.url + "/invocations", data=body, stream=True, timeout=60,
                        headers={"Content-Type": "application/jsonlines", "Accept": "application/jsonlines"}) as r:
         assert r.status_code == 200 and r.headers["Transfer-Encoding"] == "chunked"
@@ -196,8 +211,9 @@ def test_500_pipelined_messages_are_answered_in_order(example_server, digits):
 
 
 @pytest.mark.slow
-def test_sessions_batch_together(make_server, example_model_dir, digits):
-    server = make_server(example_model_dir, {"SMSERVE_MAX_BATCH_DELAY_MS": "20", "SMSERVE_LOG_LEVEL": "debug"})
+def test_sessions_batch_together(settings_server, digits):
+    server = settings_server  # a 20 ms gathering delay; the debug log says each pass's requests
+    log_at = len(server.log())
     x = digits[0][:20].astype(np.float32)
     failures = []
 
@@ -216,7 +232,7 @@ def test_sessions_batch_together(make_server, example_model_dir, digits):
     for t in threads:
         t.join(60)
     assert not failures, failures
-    sizes = [int(n) for n in re.findall(r"pass of (\d+) requests", server.log())]
+    sizes = [int(n) for n in re.findall(r"pass of (\d+) requests", server.log()[log_at:])]
     assert sizes and max(sizes) > 1, "no forward pass served more than one session's message"
 
 
@@ -272,8 +288,8 @@ def test_a_model_that_fails_closes_with_1011_and_the_worker_lives(echo_server):
 
 
 @pytest.mark.slow
-def test_a_message_over_the_payload_limit_closes_with_1009(make_server, example_model_dir):
-    server = make_server(example_model_dir, {"SMSERVE_MAX_REQUEST_MB": "1"})
+def test_a_message_over_the_payload_limit_closes_with_1009(settings_server):
+    server = settings_server  # SMSERVE_MAX_REQUEST_MB=1
     with ws_connect(ws_url(server), max_size=None) as ws:
         ws.send(b"\0" * (2 * 1024 * 1024))
         code, reason = closed_with(ws)
