@@ -331,7 +331,13 @@ def test_sigterm_answers_held_messages_then_closes_every_session_with_1001(make_
 
 @pytest.fixture(scope="module")
 def textgen_server(shared_server, textgen_dir):
-    return shared_server(textgen_dir)
+    """textgen with room for two sessions at once: the cap's tests fill it; the others
+    open one session at a time."""
+    return shared_server(textgen_dir, {"SMSERVE_MAX_SESSIONS": "2"})
+
+
+def sessions_open(server) -> int:
+    return int(metric(server, "smserve_websocket_sessions_open"))
 
 
 def generate(ws, prompt: str) -> list[str]:
@@ -395,8 +401,9 @@ def test_textgen_pings_are_answered_while_it_generates(textgen_server):
 
 
 @pytest.mark.slow
-def test_stream_fn_sessions_past_the_cap_are_told_to_come_back(make_server, textgen_dir):
-    server = make_server(textgen_dir, {"SMSERVE_MAX_SESSIONS": "2"})
+def test_stream_fn_sessions_past_the_cap_are_told_to_come_back(textgen_server):
+    server = textgen_server  # SMSERVE_MAX_SESSIONS=2
+    assert wait_until(lambda: sessions_open(server) == 0)  # the sessions of the tests before are gone
     with ws_connect(ws_url(server)) as a, ws_connect(ws_url(server)) as b:
         with ws_connect(ws_url(server)) as refused:
             code, reason = closed_with(refused)
@@ -409,14 +416,17 @@ def test_stream_fn_sessions_past_the_cap_are_told_to_come_back(make_server, text
 
 
 @pytest.mark.slow
-def test_a_client_that_vanishes_mid_answer_frees_its_session(make_server, textgen_dir):
-    server = make_server(textgen_dir, {"SMSERVE_MAX_SESSIONS": "1"})
-    for _ in range(3):  # with one place, each next session needs the last one's freed
-        with ws_connect(ws_url(server, "max_tokens=1000")) as ws:
-            ws.send("The")
-            next(iter(ws.recv_streaming()))
-            ws.socket.shutdown(socket.SHUT_RDWR)  # no Close frame: gone
-        assert wait_until(lambda: metric(server, "smserve_websocket_sessions_open") == 0)
-    with ws_connect(ws_url(server)) as ws:
-        assert len("".join(generate(ws, json.dumps({"prompt": "x", "max_tokens": 3})))) == 3
+def test_a_client_that_vanishes_mid_answer_frees_its_session(textgen_server):
+    server = textgen_server  # SMSERVE_MAX_SESSIONS=2, of which `held` takes one throughout
+    assert wait_until(lambda: sessions_open(server) == 0)  # the sessions of the tests before are gone
+    with ws_connect(ws_url(server)) as held:
+        for _ in range(3):  # with one place left, each next session needs the last one's freed
+            with ws_connect(ws_url(server, "max_tokens=1000")) as ws:
+                ws.send("The")
+                next(iter(ws.recv_streaming()))
+                ws.socket.shutdown(socket.SHUT_RDWR)  # no Close frame: gone
+            assert wait_until(lambda: sessions_open(server) == 1)  # `held` alone
+        with ws_connect(ws_url(server)) as ws:
+            assert len("".join(generate(ws, json.dumps({"prompt": "x", "max_tokens": 3})))) == 3
+        assert len("".join(generate(held, json.dumps({"prompt": "x", "max_tokens": 3})))) == 3
     assert requests.get(server.url + "/ping", timeout=5).status_code == 200
