@@ -16,7 +16,8 @@ import requests
 
 from tests.integration.http_raw import Reader, connect, json_request, request_bytes
 from tests.helpers.models import slow_predict
-from tests.helpers.server import all_read, outgoing, signal_pending, wait_until, worker_pids
+from tests.helpers.server import (ServerProcess, _tcp_table, all_read, outgoing, signal_pending, wait_until,
+                                  worker_pids)
 
 CONNECTIONS = 32
 # Each batch takes a while, so at SIGTERM most requests are still queued, unread or
@@ -179,15 +180,38 @@ def test_a_thousand_slow_clients_do_not_starve_ping(make_server, example_model_d
 
 
 CAP = 16
+ESTABLISHED, CLOSE_WAIT = "01", "08"  # /proc/net/tcp states of a connection the server has not closed
+
+
+def _connections_held(server) -> int:
+    """Connections to the server that it has not closed yet: established, or closed by
+    their client only."""
+    return sum(1 for local, _, state, _, _ in _tcp_table() if local == server.port and state in (ESTABLISHED, CLOSE_WAIT))
+
+
+@pytest.fixture(scope="module")
+def cap_server(example_model_dir, tmp_path_factory):
+    """The example model with room for CAP connections, shared by the tests of the cap."""
+    work = tmp_path_factory.mktemp("cap")
+    with ServerProcess(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": str(CAP)}, log_path=work / "server.log") as server:
+        yield server
+
+
+@pytest.fixture
+def capped(cap_server):
+    """cap_server once it holds no connection: each test fills the cap from empty, not
+    on top of the connections the test before it closed."""
+    assert wait_until(lambda: _connections_held(cap_server) == 0), _connections_held(cap_server)
+    return cap_server
 
 
 @pytest.mark.slow
-def test_at_the_cap_a_request_already_sent_is_never_the_one_evicted(make_server, example_model_dir):
+def test_at_the_cap_a_request_already_sent_is_never_the_one_evicted(capped):
     """The cap is held by clients stalled mid-head. A complete GET /ping arrives and
     then a silent connection, both before the worker's loop runs (it is stopped, as a
     busy loop or a burst would leave them): the eviction must end a stalled client,
     not the ping whose bytes are already there."""
-    server = make_server(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": str(CAP)})
+    server = capped
     (worker,) = worker_pids(server)
     stalled = []
     for _ in range(CAP + 2):
@@ -223,11 +247,12 @@ def test_at_the_cap_a_request_already_sent_is_never_the_one_evicted(make_server,
 
 
 @pytest.mark.slow
-def test_a_flood_at_the_cap_never_cuts_or_fails_a_request_being_read(make_server, example_model_dir):
+def test_a_flood_at_the_cap_never_cuts_or_fails_a_request_being_read(capped):
     """Requests whose bodies are still arriving, then a burst of silent connections
     far past the cap: every request is answered 200. (An eviction once landed in a
     request that had just become busy and made it a 500.)"""
-    server = make_server(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": str(CAP)})
+    server = capped
+    log_at = len(server.log())
     held = []
     for _ in range(CAP + 4):
         sock = connect(server.port)
@@ -268,18 +293,19 @@ def test_a_flood_at_the_cap_never_cuts_or_fails_a_request_being_read(make_server
         for sock in held + valid:
             sock.close()
     assert answers == [200] * len(valid), answers
-    assert "_Close" not in server.log() and "unhandled error" not in server.log()
+    log = server.log()[log_at:]
+    assert "_Close" not in log and "unhandled error" not in log
 
 
 @pytest.mark.slow
-def test_websocket_sessions_cannot_take_the_room_ping_needs(make_server, example_model_dir):
+def test_websocket_sessions_cannot_take_the_room_ping_needs(capped):
     """A session is never evicted (it holds its connection as long as its client likes),
     so past the cap a new session is refused with 503 instead of growing the worker's
     connections until it runs out of descriptors and /ping cannot get in."""
     from websockets.exceptions import InvalidStatus
     from websockets.sync.client import connect as ws_connect
 
-    server = make_server(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": str(CAP)})
+    server = capped
     url = server.url.replace("http://", "ws://") + "/invocations-bidirectional-stream"
     sessions, refused = [], []
     with contextlib.ExitStack() as opened:
