@@ -70,6 +70,18 @@ def image_server(shared_server, image_model_dir):
     return shared_server(image_model_dir)
 
 
+# For the tests of batching: passes of at most 8 images; the first request of a pass waits
+# up to 200 ms for others (it makes the gathering certain on a loaded test machine), and
+# 4 codec threads decode requests side by side. Each test needs some of them, and the
+# others change nothing it asserts (a pass that is full runs at once).
+BATCHING = {"SMSERVE_MAX_BATCH_SIZE": "8", "SMSERVE_MAX_BATCH_DELAY_MS": "200", "SMSERVE_CODEC_THREADS": "4"}
+
+
+@pytest.fixture(scope="module")
+def batching_server(shared_server, image_model_dir):
+    return shared_server(image_model_dir, BATCHING)
+
+
 def test_a_jpeg_or_png_is_answered_with_its_top_classes_as_offline(image_server, offline):
     for kind, content_type in (("JPEG", JPEG), ("PNG", PNG), ("JPEG", "application/x-image")):
         body = picture(1, kind=kind)
@@ -90,8 +102,8 @@ def test_several_images_in_one_request_as_base64_instances(image_server, offline
     assert_same_answers(lines, offline(instances(files), JSON))
 
 
-def test_more_images_than_the_max_batch_run_in_passes_of_at_most_it(shared_server, image_model_dir, offline):
-    server = shared_server(image_model_dir, {"SMSERVE_MAX_BATCH_SIZE": "8"})
+def test_more_images_than_the_max_batch_run_in_passes_of_at_most_it(batching_server, offline):
+    server = batching_server  # SMSERVE_MAX_BATCH_SIZE=8
     files = [picture(100 + i) for i in range(20)]
     before = passes_and_records(server, "image")
     answer = requests.post(server.url + "/invocations", data=instances(files), timeout=60,
@@ -103,10 +115,10 @@ def test_more_images_than_the_max_batch_run_in_passes_of_at_most_it(shared_serve
     assert_same_answers(answer.json(), offline(instances(files), JSON))
 
 
-def test_concurrent_jpeg_requests_share_forward_passes(shared_server, image_model_dir, offline):
+def test_concurrent_jpeg_requests_share_forward_passes(batching_server, offline):
     # The delay makes the gathering certain on a loaded test machine: the first request
-    # of a pass waits up to 200 ms for the others.
-    server = shared_server(image_model_dir, {"SMSERVE_MAX_BATCH_DELAY_MS": "200", "SMSERVE_CODEC_THREADS": "4"})
+    # of a pass waits up to 200 ms for the others (SMSERVE_MAX_BATCH_DELAY_MS=200).
+    server = batching_server
     files = [picture(200 + i) for i in range(8)]
     before = passes_and_records(server, "image")
     barrier = threading.Barrier(len(files))
