@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from tests.helpers.server import SERVE, pending_requests, wait_until, logged
+from tests.helpers.server import SERVE, ServerProcess, copy_model, pending_requests, wait_until, logged
 
 JSON, CSV, JSONL, NPY = "application/json", "text/csv", "application/jsonlines", "application/x-npy"
 
@@ -218,14 +218,27 @@ def test_ping_answers_while_a_cpu_bound_predict_fn_runs(make_server, model_copy,
     assert (np.argmax(result["response"].json()["predictions"], axis=1) == y[:3]).all()
 
 
+# Every step a hook of its own; model_fn and predict_fn start processes, as model code
+# may (one server for the tests of both).
 HOOKS = '''
+import ctypes.util
 import json
 import os
+import subprocess
+import sys
 
 import torch
 
 
 def model_fn(model_dir):
+    # What CUDA builds of torch do on import (ldconfig via find_library), on the
+    # inference thread, away from gevent's loop.
+    ctypes.util.find_library("dl")
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    # What torch.compile's compiler workers do: a process whose output is captured, then
+    # another one (under gevent's os.close patch the second waited forever on its pipe).
+    for _ in range(2):
+        assert subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True).stdout.strip() == b"1"
     program = torch.export.load(os.path.join(model_dir, "model.pt2"))
     return program.module()
 
@@ -237,7 +250,10 @@ def input_fn(body, content_type):
 
 
 def predict_fn(data, model):
-    return model(data).argmax(dim=1)
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, check=True)
+    with torch.inference_mode():
+        return model(data).argmax(dim=1)
 
 
 def output_fn(prediction, accept):
@@ -245,8 +261,15 @@ def output_fn(prediction, accept):
 '''
 
 
-def test_sagemaker_hooks_replace_each_step(make_server, model_copy, digits):
-    server = make_server(model_copy(HOOKS))
+@pytest.fixture(scope="module")
+def hooks_server(example_model_dir, tmp_path_factory):
+    work = tmp_path_factory.mktemp("hooks")
+    with ServerProcess(copy_model(example_model_dir, work / "model", HOOKS), log_path=work / "server.log") as server:
+        yield server
+
+
+def test_sagemaker_hooks_replace_each_step(hooks_server, digits):
+    server = hooks_server
     x, y = digits
     response = requests.post(server.url + "/invocations", json={"pixels": x[:10].tolist()})
     assert response.status_code == 200, response.text
@@ -321,41 +344,13 @@ def test_an_invalid_setting_stops_serve_naming_the_variable(example_model_dir, v
     assert variable in result.stderr
 
 
-SUBPROCESS_MODEL_FN = '''
-import ctypes.util
-import os
-import subprocess
-import sys
-
-import torch
-
-
-def model_fn(model_dir):
-    # What CUDA builds of torch do on import (ldconfig via find_library), on the
-    # inference thread, away from gevent's loop.
-    ctypes.util.find_library("dl")
-    subprocess.run([sys.executable, "-c", "pass"], check=True)
-    # What torch.compile's compiler workers do: a process whose output is captured, then
-    # another one (under gevent's os.close patch the second waited forever on its pipe).
-    for _ in range(2):
-        assert subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True).stdout.strip() == b"1"
-    return torch.export.load(os.path.join(model_dir, "model.pt2")).module()
-
-
-def predict_fn(data, model):
-    for _ in range(2):
-        subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, check=True)
-    with torch.inference_mode():
-        return model(data)
-'''
-
-
-def test_model_code_may_start_processes_while_loading(make_server, model_copy, digits):
-    server = make_server(model_copy(SUBPROCESS_MODEL_FN))
+def test_model_code_may_start_processes_while_loading(hooks_server, digits):
+    """HOOKS' model_fn and predict_fn start processes, as CUDA builds of torch and
+    torch.compile do: the model loads and answers."""
     x, y = digits
-    response = requests.post(server.url + "/invocations", json={"instances": x[:5].tolist()})
+    response = requests.post(hooks_server.url + "/invocations", json={"pixels": x[:5].tolist()})
     assert response.status_code == 200, response.text
-    assert (np.argmax(response.json()["predictions"], axis=1) == y[:5]).all()
+    assert response.json() == {"digits": y[:5].tolist()}
 
 
 INPUT_FN_ONLY = '''
