@@ -11,7 +11,7 @@ import pytest
 import requests
 from websockets.sync.client import connect as ws_connect
 
-from tests.helpers.server import ServerProcess, copy_model, start_all, ws_url
+from tests.helpers.server import ServerProcess, copy_model, ws_url
 from tests.helpers.models import model_dir_with
 
 # The example model's predicted class per row, returned as an iterator of records (a
@@ -54,34 +54,34 @@ def predict_fn(data, model):
 SMALL_PASSES = {"SMSERVE_MAX_BATCH_SIZE": "4"}
 
 
+# One server each, started when a test first asks for it (under xdist, only in the
+# processes whose tests use it).
 @pytest.fixture(scope="module")
-def servers(example_model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("iterators")
-    builtin = ServerProcess(copy_model(example_model_dir, tmp / "builtin", BUILTIN_DECODER), log_path=tmp / "b.log")
-    own = ServerProcess(model_dir_with(tmp, OWN_DECODER, "own"), log_path=tmp / "o.log")
-    # Its first request is the module's only one: a stream not yet known of.
-    small = ServerProcess(copy_model(example_model_dir, tmp / "small", BUILTIN_DECODER), SMALL_PASSES,
-                          log_path=tmp / "s.log")
-    start_all([builtin, own, small])
-    yield builtin, own, small
-    for server in (builtin, own, small):
-        server.terminate()
+def builtin(example_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("builtin")
+    with ServerProcess(copy_model(example_model_dir, tmp / "builtin", BUILTIN_DECODER), log_path=tmp / "b.log") as server:
+        yield server
 
 
-@pytest.fixture
-def builtin(servers):
-    return servers[0]
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("own")
+    with ServerProcess(model_dir_with(tmp, OWN_DECODER, "own"), log_path=tmp / "o.log") as server:
+        yield server
 
 
-@pytest.fixture
-def own(servers):
-    return servers[1]
+@pytest.fixture(scope="module")
+def small(example_model_dir, tmp_path_factory):
+    """Its first request is the module's only one: a stream not yet known of."""
+    tmp = tmp_path_factory.mktemp("small")
+    with ServerProcess(copy_model(example_model_dir, tmp / "small", BUILTIN_DECODER), SMALL_PASSES,
+                       log_path=tmp / "s.log") as server:
+        yield server
 
 
-def test_a_first_request_of_several_passes_is_streamed_whole_in_a_line_format(servers, digits):
+def test_a_first_request_of_several_passes_is_streamed_whole_in_a_line_format(small, digits):
     """Each pass answered with an iterator before the server knew predict_fn streams:
     one stream cannot be made of several, so the request runs as one call."""
-    small = servers[2]
     with requests.post(small.url + "/invocations", json={"instances": rows(digits, 10)}, stream=True,
                        headers={"Accept": "application/jsonlines"}, timeout=30) as r:
         assert r.status_code == 200, r.text
