@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from tests.helpers.server import ServerProcess, copy_model, start_all, wait_until, worker_pids
+from tests.helpers.server import ServerProcess, copy_model, wait_until, worker_pids
 from smserve.codecs.records.csvrows import MAX_CELL_BYTES
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
@@ -202,11 +202,22 @@ def digits_ok(answer: Answer) -> None:
 VALID_DIGITS = post("/invocations", json.dumps({"instances": [PIXELS]}).encode(), "application/json")
 
 
+# The side servers, each started when a test first asks for it (under xdist, only in the
+# processes whose tests use it).
 @pytest.fixture(scope="module")
-def side_servers(example_model_dir, tmp_path_factory):
-    """The NaN model (short read deadlines) and the BYTES model, started side by side."""
-    base = tmp_path_factory.mktemp("hostile")
+def nan_server(example_model_dir, tmp_path_factory):
+    """The NaN model, with short read deadlines."""
+    base = tmp_path_factory.mktemp("hostile-nan")
     nan_dir = copy_model(example_model_dir, base / "nan", NAN_PREDICT)
+    with ServerProcess(nan_dir, {"SMSERVE_HEADER_TIMEOUT": "1", "SMSERVE_BODY_TIMEOUT": "2"},
+                       log_path=base / "nan.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def bytes_server(tmp_path_factory):
+    """The BYTES model."""
+    base = tmp_path_factory.mktemp("hostile-bytes")
     bytes_dir = base / "bytes"
     (bytes_dir / "code").mkdir(parents=True)
     (bytes_dir / "code" / "inference.py").write_text(BYTES_HOOKS)
@@ -215,17 +226,8 @@ def side_servers(example_model_dir, tmp_path_factory):
         "inputs": [{"name": "B", "datatype": "BYTES", "shape": [-1]}],
         "outputs": [{"name": "Y", "datatype": "FP32", "shape": [1, -1]}],
     }))
-    servers = {
-        "nan": ServerProcess(nan_dir, {"SMSERVE_HEADER_TIMEOUT": "1", "SMSERVE_BODY_TIMEOUT": "2"},
-                             log_path=base / "nan.log"),
-        "bytes": ServerProcess(bytes_dir, log_path=base / "bytes.log"),
-    }
-    try:
-        start_all(servers.values())
-        yield servers
-    finally:
-        for server in servers.values():
-            server.terminate()
+    with ServerProcess(bytes_dir, log_path=base / "bytes.log") as server:
+        yield server
 
 
 # ---------------------------------------------------------------- payloads
@@ -527,8 +529,8 @@ def _nan_ok(answer: Answer) -> None:
 
 @pytest.mark.parametrize("accept", ["application/json", "application/jsonlines"])
 @pytest.mark.parametrize("form", ["json", "jsonlines", "csv", "v2-json"])
-def test_nan_outputs_come_back_as_strict_json(side_servers, form, accept):
-    server = side_servers["nan"]
+def test_nan_outputs_come_back_as_strict_json(nan_server, form, accept):
+    server = nan_server
     guard = Guard(server, NAN_VALID, _nan_ok)
     if form == "v2-json":
         if accept != "application/json":
@@ -555,9 +557,9 @@ def test_nan_outputs_come_back_as_strict_json(side_servers, form, accept):
     guard.still_serving()
 
 
-def test_nan_outputs_in_npy_and_binary_are_kept_as_is(side_servers):
+def test_nan_outputs_in_npy_and_binary_are_kept_as_is(nan_server):
     """Only JSON cannot carry non-finite values; .npy and v2 binary carry them exactly."""
-    server = side_servers["nan"]
+    server = nan_server
     buf = io.BytesIO()
     np.save(buf, np.asarray([PIXELS], dtype=np.float32))
     answer = exchange(server.port, post("/invocations", buf.getvalue(), "application/x-npy", Accept="application/x-npy"))
@@ -599,8 +601,8 @@ BYTES_VALID = _bytes_request(struct.pack("<I", 3) + b"abc")
     (struct.pack("<I", 3) + b"abcEXTRA", (1,), None),  # trailing bytes after the last element
 ], ids=["prefix-2GB", "prefix-4GB", "second-prefix-1GB", "element-short", "no-prefix", "1e9-elements",
         "shape-overflows", "binary-data-size-1e15", "trailing-bytes"])
-def test_bytes_bombs_are_400(side_servers, blob, shape, size):
-    server = side_servers["bytes"]
+def test_bytes_bombs_are_400(bytes_server, blob, shape, size):
+    server = bytes_server
     guard = Guard(server, BYTES_VALID, _blobs_ok)
     answer = exchange(server.port, _bytes_request(blob, shape, size))
     assert_json_error(answer, (400,))
@@ -626,8 +628,8 @@ def _answer_within(sock: socket.socket, seconds: float) -> tuple[bytes, float]:
     return data, time.monotonic() - started
 
 
-def test_stalled_head_and_body_are_closed_by_their_deadlines(side_servers):
-    server = side_servers["nan"]
+def test_stalled_head_and_body_are_closed_by_their_deadlines(nan_server):
+    server = nan_server
     guard = Guard(server, NAN_VALID, _nan_ok)
     head = _open(server.port)
     head.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
@@ -667,12 +669,12 @@ def _tcp_state(sock: socket.socket) -> int:
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
 
 
-def test_a_client_that_never_reads_its_answer_is_not_held_forever(side_servers):
+def test_a_client_that_never_reads_its_answer_is_not_held_forever(nan_server):
     """A request with a large answer from a client that never reads: the worker's send
     blocks with the request's body and answer in memory. Busy connections are never
     evicted and no deadline covers the send, so each such client pins its memory until
     it disconnects. A send deadline (like the body deadline: 2 s here) must end it."""
-    server = side_servers["nan"]
+    server = nan_server
     # Ending the answer part-way may log why; what matters here is that it ends.
     guard = Guard(server, NAN_VALID, _nan_ok, allow_traceback=True)
     buf = io.BytesIO()
