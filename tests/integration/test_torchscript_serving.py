@@ -19,7 +19,7 @@ import torch
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 
 from tests.helpers.client import npy
-from tests.helpers.server import ServerProcess, start_all
+from tests.helpers.server import ServerProcess
 from model import init
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
@@ -40,27 +40,18 @@ def build(directory, kind: str) -> torch.nn.Module:
 KINDS = ["script", "trace", "script+new-model"]
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """kind -> (server, expected answers, net): one server a kind, started side by side."""
-    built = {}
-    for kind in KINDS:
-        model_dir = tmp_path_factory.mktemp("torchscript") / kind
-        net = build(model_dir, kind)
-        with torch.no_grad():
-            expected = net(torch.from_numpy(X)).numpy()
-        built[kind] = (ServerProcess(model_dir, log_path=model_dir.parent / "server.log"), expected, net)
-    start_all(server for server, _, _ in built.values())
-    try:
-        yield built
-    finally:
-        for server, _, _ in built.values():
-            server.terminate()
-
-
-@pytest.fixture(params=KINDS)
-def served(request, servers):
-    return servers[request.param]
+@pytest.fixture(scope="module", params=KINDS)
+def served(request, tmp_path_factory):
+    """(server, expected answers, net) of one kind. Module-scoped: pytest runs a kind's
+    tests together, with one server, and under xdist a process starts only the kinds
+    its tests use."""
+    kind = request.param
+    model_dir = tmp_path_factory.mktemp("torchscript") / kind
+    net = build(model_dir, kind)
+    with torch.no_grad():
+        expected = net(torch.from_numpy(X)).numpy()
+    with ServerProcess(model_dir, log_path=model_dir.parent / "server.log") as server:
+        yield server, expected, net
 
 
 def test_csv_records_get_one_answer_line_each(served):
