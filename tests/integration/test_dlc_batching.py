@@ -17,6 +17,7 @@ import pytest
 import requests
 import torch
 
+from tests.helpers.lazy_servers import LazyServers
 from tests.helpers.server import ServerProcess, passes_and_records, logged
 from tests.helpers.models import model_dir_with
 
@@ -55,20 +56,14 @@ PREDICT_FNS = {
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """servers(name) -> the server of that script, started the first time a test asks for
-    it: under xdist a process starts only those its tests use, not all five."""
+    """servers[name]: the server of that script, started the first time a test asks for
+    it (under xdist a process starts only those its tests use, not all five)."""
     root = tmp_path_factory.mktemp("dlc")
-    started: dict[str, ServerProcess] = {}
-
-    def get(name: str) -> ServerProcess:
-        if name not in started:
-            started[name] = ServerProcess(model_dir_with(root, HOOKS + "\n\n" + PREDICT_FNS[name], name), DLC,
-                                          log_path=root / f"{name}.log").start()
-        return started[name]
-
-    yield get
-    for server in started.values():
-        server.terminate()
+    servers = LazyServers({name: lambda name=name, predict_fn=predict_fn: ServerProcess(
+        model_dir_with(root, HOOKS + "\n\n" + predict_fn, name), DLC, log_path=root / f"{name}.log").start()
+        for name, predict_fn in PREDICT_FNS.items()})
+    yield servers
+    servers.stop()
 
 
 def unbatched(name: str, rows: list) -> list:
@@ -105,7 +100,7 @@ def assert_unbatched_answers(name, sent, answers):
 
 @pytest.mark.parametrize("name", ["no_predict_fn", "tensor", "listed"])
 def test_concurrent_requests_share_passes_and_get_their_unbatched_answers(servers, name):
-    server = servers(name)
+    server = servers[name]
     assert logged(server, "batching: on, on trial: up to 8 records a pass (SAGEMAKER_TS_BATCH_SIZE"), server.log()
     assert ("SAGEMAKER_TS_MAX_BATCH_DELAY=100000 sets SMSERVE_MAX_BATCH_DELAY_MS's setting (max_batch_delay_ms): "
             "above 1000: taken as 1000") in server.log()
@@ -121,7 +116,7 @@ def test_concurrent_requests_share_passes_and_get_their_unbatched_answers(server
 
 
 def test_a_predict_fn_that_cannot_be_batched_is_said_and_answered_as_alone(servers):
-    server = servers("unbatchable")
+    server = servers["unbatchable"]
     sent = bodies(16)
     assert_unbatched_answers("unbatchable", sent, together(server, sent))
     assert logged(server, "batching off: a request's answer in a pass of"), server.log()
@@ -133,7 +128,7 @@ def test_a_predict_fn_that_cannot_be_batched_is_said_and_answered_as_alone(serve
 
 
 def test_a_predict_fn_that_reads_the_context_keeps_batching_off_and_says_why(servers):
-    server = servers("context")
+    server = servers["context"]
     assert logged(server, "batching: off: predict_fn takes the request's context"), server.log()
     sent = bodies(8)
     assert_unbatched_answers("context", sent, together(server, sent))
