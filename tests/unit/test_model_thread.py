@@ -243,16 +243,18 @@ def test_killing_many_waiting_callers_leaves_the_others_their_own_results(hub_er
     survivor gets exactly its own result, and the count of calls out comes back to zero."""
     thread = ModelThread()
     gate = threading.Event()
-    thread_ran = []
+    thread_ran, began = [], []
 
     def work(i):
+        began.append(i)
         gate.wait(10)
         thread_ran.append(i)
         time.sleep(0.0005)
         return i
 
     jobs = [gevent.spawn(thread.call, work, i) for i in range(60)]
-    assert _poll(lambda: thread._out == 60)  # every caller is now waiting in call()
+    # every caller is now waiting in call(), and the thread has begun the first call
+    assert _poll(lambda: thread._out == 60 and began == [0])
     victims = jobs[::2]
     gevent.killall(victims, block=True, timeout=5)
     assert all(j.dead for j in victims)

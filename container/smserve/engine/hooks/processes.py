@@ -222,9 +222,8 @@ class HookProcesses:
 
 
 def _say_mapped(child: "_Child", deadline: float) -> None:
-    """Tells the process it may let its answer's files go (or an idle one holds them
-    until its next request). A process that ended meanwhile is noticed at its next call:
-    this answer is whole."""
+    """Tells the process it may let its answer's files go (else held until its next call);
+    one that ended meanwhile is noticed at its next call: this answer is whole."""
     try:
         child.channel.send(MAPPED, deadline)
     except (Deadline, EOFError, OSError):
