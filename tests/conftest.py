@@ -21,6 +21,15 @@ from tests.helpers.server import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
 from tests.helpers.models import ECHO_HOOKS, IMAGE_TEST_SIZE, model_dir_with
 
 
+@pytest.fixture(autouse=True)
+def _sys_path_restored():
+    """Scripts loaded in the test process put their code/ folders on sys.path: each test
+    starts from the path it found, so that one test's code/json.py is no other's json."""
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved
+
+
 @pytest.fixture(scope="session")
 def example_model_dir() -> Path:
     if not (EXAMPLE_MODEL / "metadata.json").exists():

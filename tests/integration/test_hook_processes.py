@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -153,6 +154,27 @@ def test_arrays_sent_to_a_process_that_died_are_removed(tmp_path):
         with pytest.raises(HookProcessDied):
             processes.output_fn({"pid": np.zeros((1000, 100))}, "application/json", None)
         assert not shm_held([os.getpid()])  # the files written for it are let go
+    finally:
+        processes.close()
+
+
+def test_a_helper_beside_the_script_named_as_a_standard_module_does_not_replace_it_in_the_processes(
+        tmp_path, monkeypatch):
+    """The worker's load of the script puts code/ on its sys.path; the processes it
+    starts get that path, less code/, which there would come before the standard library
+    (here the server's own `import tokenize` would take the helper)."""
+    from smserve.engine.hooks.processes import HookProcesses
+    from smserve.core.context import RequestContext
+    from smserve.engine.hooks.script import load_hooks
+
+    folder = model_dir_with(tmp_path, PROCESS_HOOKS, "stdlib-named-helper")
+    (folder / "code" / "tokenize.py").write_text("raise ImportError('the helper, not the standard library')\n")
+    monkeypatch.setattr("sys.path", list(sys.path))
+    load_hooks(str(folder))  # as the worker does before it starts the processes
+    processes = HookProcesses(str(folder), 1, timeout_s=60)
+    try:
+        value = processes.input_fn(b'{"rows": 2}', "application/json", RequestContext({}))
+        assert value["pid"].tolist() == [[float(processes.pids[0])]] * 2
     finally:
         processes.close()
 

@@ -9,8 +9,7 @@ a pipe and waits on it with the GIL released.
 
 What crosses, and how (engine/hooks/transport.py):
 - a request: its body, content type, and its context's fields (headers, path, query,
-  target model, session ID), pickled; the hook's custom attributes for the answer come
-  back;
+  target model, session ID), pickled; the hook's custom attributes come back with it;
 - arrays and dense CPU tensors, each way: through shared memory (unlinked /dev/shm
   files, reserved before they are written: a full /dev/shm is a 500 that says so),
   never pickled element by element; anything else (a list, a PIL image, a sparse
@@ -47,6 +46,7 @@ import weakref
 
 from gevent import monkey
 
+from smserve.engine.hooks.script import import_path
 from smserve.engine.hooks.transport import MAPPED, Channel, Deadline, SharedMemoryFull, receive, release, restored, \
     send, shareable, shares
 from smserve.errors import ServerError, Unavailable
@@ -241,7 +241,7 @@ class _Child:
     def __init__(self, model_dir: str, single: bool):
         requests_r, requests_w = os.pipe()
         answers_r, answers_w = os.pipe()
-        env = child_environment(PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        env = child_environment(PYTHONPATH=import_path())
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "smserve.engine.hooks.processes", model_dir,
                                           str(requests_r), str(answers_w), "single" if single else "one-of-many",

@@ -243,6 +243,14 @@ def hook_error(hook: str, error: Exception, client_fault: bool) -> HTTPError:
 
 # The module names user scripts were registered under (a later model's script may take its place).
 _SCRIPT_MODULES = {"inference"}
+# The code/ folders load_hooks put on sys.path: each process that loads a script adds its own.
+_CODE_DIRS: set[str] = set()
+
+
+def import_path() -> str:
+    """sys.path for a child's PYTHONPATH, less the scripts' code/ folders: there they would
+    come before the standard library, and a code/json.py would replace json."""
+    return os.pathsep.join(p for p in sys.path if p and p not in _CODE_DIRS)
 
 
 def load_hooks(model_dir: str, script: toolkit.Script | None = None, single: bool = True) -> Hooks:
@@ -262,6 +270,7 @@ def load_hooks(model_dir: str, script: toolkit.Script | None = None, single: boo
     # The script may import helper modules that sit beside it, as in SageMaker.
     if code_dir not in sys.path:
         sys.path.insert(0, code_dir)
+        _CODE_DIRS.add(code_dir)
     spec = importlib.util.spec_from_file_location(script.module_name, path)
     module = importlib.util.module_from_spec(spec)
     # Under both names: ours of old, and the one the toolkit imports it by (mnist.py -> mnist),
