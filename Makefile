@@ -29,7 +29,7 @@ TORCH_VARIANT ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
 TORCH_CPU_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 LOCK := lock/dev$(if $(filter cpu,$(TORCH_VARIANT)),-no-torch).txt
 STAMP := $(VENV)/.installed-$(TORCH_VARIANT)
-UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
 
 .PHONY: help install lock lint model model-textgen model-image new-model compat-check serve test test-fast batch-example mme-local bench clean
 
@@ -40,9 +40,11 @@ install: $(STAMP) ## The .venv from the lock (TORCH_VARIANT=cpu|cuda; VENV=path)
 
 # Every package pinned and hashed (--require-hashes, --no-deps: the lock is complete);
 # torch's CPU build is not on PyPI, so it is pinned by version, not hash (lock/README.md).
-$(STAMP): $(LOCK)
+# pip installs uv (lock/uv.txt), and uv the rest: it takes seconds where pip takes a minute.
+$(STAMP): $(LOCK) lock/uv.txt
 	test -x $(PY) || $(PYTHON_BOOTSTRAP) -m venv $(VENV)
-	$(PY) -m pip install --require-hashes --no-deps -r $(LOCK)
+	$(PY) -m pip install --require-hashes --no-deps -r lock/uv.txt
+	$(UV) pip install --python $(PY) --require-hashes --no-deps -r $(LOCK)
 ifeq ($(TORCH_VARIANT),cpu)
 	$(PY) -m pip install --no-deps --no-index "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
 		|| $(PY) -m pip install --no-deps --index-url $(TORCH_CPU_INDEX_URL) "torch==$(TORCH_VERSION)+cpu"
@@ -52,8 +54,7 @@ endif
 	touch $@
 
 lock: install ## Regenerate lock/*.txt after editing requirements-dev.txt or container/requirements.txt
-	$(PY) -m pip install uv==$(UV_VERSION)
-	UV=$(VENV)/bin/uv lock/compile.sh
+	UV=$(UV) lock/compile.sh
 
 model: $(EXAMPLE_MODEL_DIR)/metadata.json ## Train the example digits classifier into build/model (and build/model.tar.gz)
 

@@ -6,6 +6,8 @@
 #   image-no-torch.txt  the same less torch and its CUDA wheels, for a torch from elsewhere
 #   dev.txt             requirements-dev.txt + torch, as PyPI serves it (CUDA 13)
 #   dev-no-torch.txt    the same less torch and its CUDA wheels
+#   uv.txt              uv alone (its pin in requirements-dev.txt): pip installs it first,
+#                       and it installs the rest
 #
 # Every package is pinned with PyPI's sha256 hashes, for Linux x86_64 and Python 3.11
 # (the image's and the CI's). torch is left out of the *-no-torch files: its CPU build
@@ -32,6 +34,7 @@ compile() {  # OUTPUT INPUT [options...]
 # dev first: the tests' set is the more constrained (tritonclient caps greenlet), and
 # the image then takes the very versions the tests ran.
 compile lock/dev.txt requirements-dev.txt
+sed -n '/^uv==/p' requirements-dev.txt | compile lock/uv.txt - -c lock/dev.txt
 compile lock/image.txt lock/image.in -c lock/dev.txt
 no_torch=(--no-emit-package torch --no-emit-package torchvision)
 for p in $(sed -En 's/^(nvidia-[a-z0-9-]*|triton|cuda-[a-z0-9-]*)(\[[^]]*\])?==.*/\1/p' lock/dev.txt | sort -u); do

@@ -38,12 +38,17 @@ def test_every_top_level_pin_is_locked_at_its_version(source, lock, without_torc
     assert {name: locked.get(name) for name in wanted} == wanted
 
 
+def test_the_installer_is_locked_alone_at_its_pin():
+    """make install has pip install lock/uv.txt, and uv everything else."""
+    assert pins(ROOT / "lock/uv.txt") == {"uv": top_level(ROOT / "requirements-dev.txt")["uv"]}
+
+
 def test_image_input_carries_the_one_torch_pin():
     assert top_level(ROOT / "lock/image.in")["torch"] == top_level(ROOT / "requirements-dev.txt")["torch"]
 
 
 def test_every_locked_package_has_a_hash():
-    for name in ("dev.txt", "dev-no-torch.txt", "image.txt", "image-no-torch.txt"):
+    for name in ("dev.txt", "dev-no-torch.txt", "image.txt", "image-no-torch.txt", "uv.txt"):
         text = (ROOT / "lock" / name).read_text()
         entries = re.findall(r"^\S+==\S+((?:\s*\\\n\s+--hash=sha256:[0-9a-f]{64})*)", text, re.MULTILINE)
         assert entries and all(hashes for hashes in entries), name

@@ -82,7 +82,7 @@ def test_a_user_model_never_trains_the_example(tmp_path, target):
 
 
 def fake_venv(tmp_path, local_wheel: bool):
-    """A venv whose python records each call and succeeds, except that a pip install
+    """A venv whose python and uv record each call and succeed, except that a pip install
     with --no-index fails when no local torch wheel is to be had."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
@@ -90,6 +90,9 @@ def fake_venv(tmp_path, local_wheel: bool):
     python.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n'
                       f'case "$*" in *--no-index*) exit {0 if local_wheel else 1};; esac\n')
     python.chmod(0o755)
+    uv = venv / "bin" / "uv"
+    uv.write_text('#!/bin/sh\necho "uv $*" >> "$(dirname "$0")/calls"\n')
+    uv.chmod(0o755)
     return venv
 
 
@@ -106,10 +109,12 @@ def torch_pin() -> str:
 @pytest.mark.parametrize("local_wheel", [True, False])
 def test_cpu_install_takes_the_locked_set_and_torch_cpu_without_waiting_on_an_index(tmp_path, local_wheel):
     calls, venv = install(tmp_path, "cpu", local_wheel)
-    # The hashed lock without torch, then torch's CPU build: from a local wheel (pip's
-    # find-links) with no index at all; only when there is none, from the CPU index.
-    assert calls[0] == "-m pip install --require-hashes --no-deps -r lock/dev-no-torch.txt"
-    assert calls[1] == f"-m pip install --no-deps --no-index torch=={torch_pin()}+cpu"
+    # uv by pip, then by uv the hashed lock without torch, then torch's CPU build: from a
+    # local wheel (pip's find-links) with no index at all; only when there is none, from
+    # the CPU index.
+    assert calls[:2] == ["-m pip install --require-hashes --no-deps -r lock/uv.txt",
+                         f"uv pip install --python {venv}/bin/python --require-hashes --no-deps -r lock/dev-no-torch.txt"]
+    assert calls[2] == f"-m pip install --no-deps --no-index torch=={torch_pin()}+cpu"
     fallback = [c for c in calls if "--index-url" in c]
     if local_wheel:
         assert not fallback
@@ -126,7 +131,9 @@ def test_cpu_install_takes_the_locked_set_and_torch_cpu_without_waiting_on_an_in
 
 def test_cuda_install_takes_pypi_torch_from_the_hashed_lock(tmp_path):
     calls, venv = install(tmp_path, "cuda")
-    assert calls == ["-m pip install --require-hashes --no-deps -r lock/dev.txt", "-m pip check"]
+    assert calls == ["-m pip install --require-hashes --no-deps -r lock/uv.txt",
+                     f"uv pip install --python {venv}/bin/python --require-hashes --no-deps -r lock/dev.txt",
+                     "-m pip check"]
     assert sorted(p.name for p in venv.glob(".installed-*")) == [".installed-cuda"]
 
 
@@ -153,6 +160,9 @@ def serving_venv(tmp_path) -> Path:
                       '  echo "SM_MODEL_DIR=$SM_MODEL_DIR SMSERVE_EXIT_ON_LOAD_ERROR=$SMSERVE_EXIT_ON_LOAD_ERROR"'
                       ' > "$(dirname "$0")/served"; exit 3;;\nesac\n')
     python.chmod(0o755)
+    uv = venv / "bin" / "uv"
+    uv.write_text('#!/bin/sh\necho "uv $*" >> "$(dirname "$0")/calls"\n')
+    uv.chmod(0o755)
     return venv
 
 
