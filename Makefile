@@ -95,13 +95,14 @@ serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8
 	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) SMSERVE_EXIT_ON_LOAD_ERROR=$(or $(SMSERVE_EXIT_ON_LOAD_ERROR),true) SMSERVE_MODELS_ROOT=$(or $(SMSERVE_MODELS_ROOT),$(CURDIR)) $(PY) container/serve serve
 
 # The tests on PYTEST_WORKERS processes (pytest-xdist; a free process takes the next
-# test), then the `serial` ones alone, since they time the server. Both parts always
-# run; pytest's exit 5 (none selected) is not a failure.
+# module, whole: a module's shared servers then start once, not once a process), then
+# the `serial` ones alone, since they time the server. Both parts always run; pytest's
+# exit 5 (none selected) is not a failure.
 PYTEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 define run_tests
 	@status=0; \
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not serial" $(1) $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope -m "not serial" $(1) $(PYTEST_ARGS) || status=$$?; \
 	$(PY) -m pytest -m serial $(1) $(PYTEST_ARGS) || { code=$$?; test $$code -eq 5 || status=$$code; }; \
 	exit $$status
 endef
