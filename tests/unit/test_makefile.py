@@ -113,7 +113,7 @@ def test_cpu_install_takes_the_locked_set_and_torch_cpu_without_waiting_on_an_in
     # local wheel (pip's find-links) with no index at all; only when there is none, from
     # the CPU index.
     assert calls[:2] == ["-m pip install --require-hashes --no-deps -r lock/uv.txt",
-                         f"uv pip install --python {venv}/bin/python --require-hashes --no-deps -r lock/dev-no-torch.txt"]
+                         f"uv pip install --python {venv}/bin/python --require-hashes --no-deps --compile-bytecode -r lock/dev-no-torch.txt"]
     assert calls[2] == f"-m pip install --no-deps --no-index torch=={torch_pin()}+cpu"
     fallback = [c for c in calls if "--index-url" in c]
     if local_wheel:
@@ -132,7 +132,7 @@ def test_cpu_install_takes_the_locked_set_and_torch_cpu_without_waiting_on_an_in
 def test_cuda_install_takes_pypi_torch_from_the_hashed_lock(tmp_path):
     calls, venv = install(tmp_path, "cuda")
     assert calls == ["-m pip install --require-hashes --no-deps -r lock/uv.txt",
-                     f"uv pip install --python {venv}/bin/python --require-hashes --no-deps -r lock/dev.txt",
+                     f"uv pip install --python {venv}/bin/python --require-hashes --no-deps --compile-bytecode -r lock/dev.txt",
                      "-m pip check"]
     assert sorted(p.name for p in venv.glob(".installed-*")) == [".installed-cuda"]
 
