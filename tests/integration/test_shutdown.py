@@ -74,3 +74,18 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_0(make_server, model_c
     # the drain until the graceful timeout.
     assert not any(os.path.exists(f"/proc/{pid}") for pid in workers), workers
     assert drained_s < GRACEFUL_S / 2, drained_s
+
+
+def test_sigterm_while_a_replacement_worker_starts_ends_the_server_without_the_graceful_wait(make_server,
+                                                                                          echo_model_dir):
+    """The master forwards SIGTERM to a worker it has just forked, before that worker has
+    set its own handlers: the worker must still stop, not serve on until the master kills
+    it at the graceful timeout."""
+    server = make_server(echo_model_dir, {"SMSERVE_GRACEFUL_TIMEOUT": "120"})
+    (worker,) = worker_pids(server)
+    os.kill(worker, signal.SIGKILL)
+    # The signal as soon as the master says it boots the replacement: that worker has
+    # then seconds of start ahead of it.
+    assert wait_until(lambda: server.log().count("Booting worker") >= 2, timeout=30, interval=0.005)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=60) == 0, server.log()[-3000:]

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -79,10 +80,15 @@ class GeventModelWorker(ExchangeWorker):
         # Connections moved between workers for stateful sessions; None with one worker.
         self.handoff: Handoff | None = None
         self.index = 0
+        self.stopped_while_starting = False
 
     # ------------------------------------------------------------ process set-up
 
     def init_process(self):
+        # Until init_signals this process has the master's SIGTERM handler, which only
+        # wakes the master: a SIGTERM the master forwards to a worker it has just forked
+        # would be lost, and the worker would serve on until the graceful timeout.
+        signal.signal(signal.SIGTERM, self._stop_while_starting)
         # gevent's subprocess works only on the thread that runs gevent's loop, but the
         # model is imported, loaded and run on the inference thread, and CUDA builds of
         # torch start a process on import there (cuda.pathfinder -> ctypes.util.
@@ -107,13 +113,17 @@ class GeventModelWorker(ExchangeWorker):
         self.parser_cfg = SettledConfig(self.cfg)
         super().init_process()
 
+    def _stop_while_starting(self, sig, frame):
+        self.stopped_while_starting = True
+
     def init_signals(self):
         super().init_signals()
         # gunicorn's handle_exit only flips `alive`; ours also closes idle connections,
         # which must not run inside a signal handler (it switches greenlets).
-        import signal
-
         signal.signal(signal.SIGTERM, lambda sig, frame: gevent.spawn(self.begin_drain))
+        if self.stopped_while_starting:  # nothing loaded or accepted yet: nothing to drain
+            self.log.info("worker %s: SIGTERM while it started; exiting", self.pid)
+            sys.exit(0)
 
     def handle_quit(self, sig, frame):
         gevent.spawn(super().handle_quit, sig, frame)
