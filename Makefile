@@ -102,8 +102,12 @@ serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8
 # exit 5 (none selected) is not a failure.
 PYTEST_WORKERS ?= 3
 PYTEST_ARGS ?=
+# The tests' processes (servers, workers, hook processes: hundreds) keep their compiled
+# modules in build/pycache, even where PYTHONDONTWRITEBYTECODE is set: each would
+# otherwise compile this checkout's modules again, and pytest rewrite every test module.
+TEST_ENV = PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
 define run_tests
-	@status=0; \
+	@status=0; export $(TEST_ENV); \
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope -m "not serial" $(1) $(PYTEST_ARGS) || status=$$?; \
 	$(PY) -m pytest -m serial $(1) $(PYTEST_ARGS) || { code=$$?; test $$code -eq 5 || status=$$code; }; \
 	exit $$status

@@ -21,6 +21,16 @@ from tests.helpers.server import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
 from tests.helpers.models import ECHO_HOOKS, IMAGE_TEST_SIZE, model_dir_with
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s --dist loadscope: whole modules, the image's tests as one unit
+    (tests/helpers/scheduling.py)."""
+    if config.getvalue("dist") == "loadscope":
+        from tests.helpers.scheduling import ModuleScheduling
+
+        return ModuleScheduling(config, log)
+    return None
+
+
 @pytest.fixture(autouse=True)
 def _sys_path_restored():
     """Scripts loaded in the test process put their code/ folders on sys.path: each test
