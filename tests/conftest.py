@@ -21,6 +21,7 @@ from tests.helpers.server import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
 from tests.helpers.models import ECHO_HOOKS, IMAGE_TEST_SIZE, model_dir_with
 
 
+@pytest.hookimpl(optionalhook=True)  # (pytest -p no:xdist has no such hook)
 def pytest_xdist_make_scheduler(config, log):
     """`make test`'s --dist loadscope: whole modules, the image's tests as one unit
     (tests/helpers/scheduling.py)."""
