@@ -116,8 +116,10 @@ def test_a_client_that_leaves_mid_stream_closes_the_generator(streaming_server):
         next(r.iter_lines())
     mark = streaming_server.marks / "closed-left"
     assert wait_until(mark.exists, timeout=15), "the model's generator ran on after its client left"
-    # Far fewer than 1000 records were made: 1000 x 0.05 s would take 50 s.
-    assert "stream closed before its end" in streaming_server.log()[log_at:]
+    # Far fewer than 1000 records were made: 1000 x 0.05 s would take 50 s. (The log
+    # line can reach the file after the model's mark: a CI run read the log between.)
+    assert wait_until(lambda: "stream closed before its end" in streaming_server.log()[log_at:], timeout=10), \
+        streaming_server.log()[log_at:]
 
 
 @pytest.mark.slow
