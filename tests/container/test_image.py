@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from sklearn.datasets import load_digits
 
 from tests.container.support import REPO, Container, run, torch_version
 from tests.helpers.models import slow_predict
@@ -29,6 +28,8 @@ SLOW_PREDICT_S = 3
 @pytest.fixture(scope="module")
 def one_of_each_digit():
     """The first ten samples of the digits data set: one of each class, 0 to 9."""
+    from sklearn.datasets import load_digits  # here: every process that collects would import sklearn
+
     data = load_digits()
     return data.data[:10].astype(np.float32), data.target[:10]
 

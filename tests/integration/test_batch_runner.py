@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model.train import load_split
 from tests.helpers.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +40,8 @@ def server(example_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def digits():
     metrics = json.loads((MODEL_DIR / "metrics.json").read_text())
+    from model.train import load_split  # here: every process that collects would import sklearn
+
     _, x_test, _, y_test = load_split(metrics["seed"])
     assert len(y_test) == metrics["test_records"]
     return x_test, y_test, metrics["held_out_accuracy"]

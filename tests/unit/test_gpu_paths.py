@@ -57,7 +57,6 @@ def test_the_runner_assembles_a_batch_through_the_stage_hook_on_the_inference_th
 import logging  # noqa: E402
 
 import torch  # noqa: E402
-import torch._dynamo  # noqa: E402
 
 from smserve.engine.model import compiling  # noqa: E402
 from smserve.engine.worker import loaded_model as model_module  # noqa: E402
@@ -265,6 +264,8 @@ def test_half_outputs_become_fp32_only_where_declared_or_made_by_autocast():
 @pytest.fixture
 def dynamo_errors():
     """A compiled model sets torch._dynamo's suppress_errors: undo it after the test."""
+    import torch._dynamo  # here, not at the top: every process that collects would pay its import
+
     with torch._dynamo.config.patch(suppress_errors=False):
         yield
     torch._dynamo.reset()
