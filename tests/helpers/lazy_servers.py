@@ -1,10 +1,11 @@
 """Servers a test module shares, each started the first time one of its tests asks for it.
 
 A module fixture that starts all of a module's servers at once starts every one of them
-in each pytest-xdist process that runs any of the module's tests (`--dist load` spreads a
-module's tests over the processes), even the servers none of that process's tests use:
-each costs its workers' start (torch's import, seconds of CPU). LazyServers starts a
-server when a test first asks for it, and stops those it started when the module is done.
+even where the tests that run use only some: a `-k` selection, or pytest-xdist spreading
+the module's tests over its processes (`--dist load`; `make test` hands out whole
+modules). Each costs its workers' start (torch's import, seconds of CPU). LazyServers
+starts a server when a test first asks for it, and stops those it started when the
+module is done.
 """
 
 from __future__ import annotations
