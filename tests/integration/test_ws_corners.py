@@ -126,7 +126,6 @@ def _cut_off_cleanly(server, before: str) -> None:
     assert "error serving a connection" not in log, log
 
 
-@pytest.mark.serial
 def test_a_client_that_stops_reading_its_answers_is_cut_off_quietly(echo_server):
     before = echo_server.log()
     big = json.dumps({"x": [123456.125] * 20000})  # answers of ~300 KB each
@@ -137,7 +136,6 @@ def test_a_client_that_stops_reading_its_answers_is_cut_off_quietly(echo_server)
         sock.close()
 
 
-@pytest.mark.serial
 def test_a_client_that_never_reads_its_pongs_is_cut_off_quietly(echo_server):
     before = echo_server.log()
     pings = frame(PING, b"p" * 125) * 60000  # ~8 MB of pongs owed
