@@ -97,9 +97,9 @@ serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8
 	SM_MODEL_DIR=$(abspath $(MODEL_DIR)) SAGEMAKER_BIND_TO_PORT=$(PORT) SMSERVE_EXIT_ON_LOAD_ERROR=$(or $(SMSERVE_EXIT_ON_LOAD_ERROR),true) SMSERVE_MODELS_ROOT=$(or $(SMSERVE_MODELS_ROOT),$(CURDIR)) $(PY) container/serve serve
 
 # The tests on PYTEST_WORKERS processes (pytest-xdist; a free process takes the next
-# module, whole: a module's shared servers then start once, not once a process), then
-# the `serial` ones alone, since they time the server. Both parts always run; pytest's
-# exit 5 (none selected) is not a failure.
+# module, whole: a module's shared servers then start once, not once a process), and
+# last the `serial` ones, alone on one process, since they time the server
+# (tests/helpers/scheduling.py).
 PYTEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 # The tests' processes (servers, workers, hook processes: hundreds) keep their compiled
@@ -107,10 +107,7 @@ PYTEST_ARGS ?=
 # otherwise compile this checkout's modules again, and pytest rewrite every test module.
 TEST_ENV = PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
 define run_tests
-	@status=0; export $(TEST_ENV); \
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope -m "not serial" $(1) $(PYTEST_ARGS) || status=$$?; \
-	$(PY) -m pytest -m serial $(1) $(PYTEST_ARGS) || { code=$$?; test $$code -eq 5 || status=$$code; }; \
-	exit $$status
+	$(TEST_ENV) $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope $(1) $(PYTEST_ARGS)
 endef
 
 lint: install ## ruff over the repository (ruff.toml); make test runs it first

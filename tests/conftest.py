@@ -23,13 +23,27 @@ from tests.helpers.models import ECHO_HOOKS, IMAGE_TEST_SIZE, model_dir_with
 
 @pytest.hookimpl(optionalhook=True)  # (pytest -p no:xdist has no such hook)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test`'s --dist loadscope: whole modules, the image's tests as one unit
-    (tests/helpers/scheduling.py)."""
+    """`make test`'s --dist loadscope: whole modules, the image's tests as one unit, the
+    serial ones last and alone (tests/helpers/scheduling.py)."""
     if config.getvalue("dist") == "loadscope":
         from tests.helpers.scheduling import ModuleScheduling
 
         return ModuleScheduling(config, log)
     return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    from tests.helpers.scheduling import hand_over_serial_ids
+
+    hand_over_serial_ids(node)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    from tests.helpers.scheduling import write_serial_ids
+
+    write_serial_ids(config, items)
 
 
 @pytest.fixture(autouse=True)

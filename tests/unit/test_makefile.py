@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,12 +85,13 @@ def test_a_user_model_never_trains_the_example(tmp_path, target):
 
 def fake_venv(tmp_path, local_wheel: bool):
     """A venv whose python and uv record each call and succeed, except that a pip install
-    with --no-index fails when no local torch wheel is to be had."""
+    with --no-index, and the look for a local wheel's folder, fail when no local torch
+    wheel is to be had."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
     python.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n'
-                      f'case "$*" in *--no-index*) exit {0 if local_wheel else 1};; esac\n')
+                      f'case "$*" in *--no-index*|*local_wheel_folder*) exit {0 if local_wheel else 1};; esac\n')
     python.chmod(0o755)
     uv = venv / "bin" / "uv"
     uv.write_text('#!/bin/sh\necho "uv $*" >> "$(dirname "$0")/calls"\n')
@@ -110,17 +113,23 @@ def torch_pin() -> str:
 def test_cpu_install_takes_the_locked_set_and_torch_cpu_without_waiting_on_an_index(tmp_path, local_wheel):
     calls, venv = install(tmp_path, "cpu", local_wheel)
     # uv by pip, then by uv the hashed lock without torch, then torch's CPU build: from a
-    # local wheel (pip's find-links) with no index at all; only when there is none, from
-    # the CPU index.
+    # local wheel (pip's find-links, by uv from the folder pip's dry run found it in) with
+    # no index at all; only when there is none, from the CPU index.
     assert calls[:2] == ["-m pip install --require-hashes --no-deps -r lock/uv.txt",
                          f"uv pip install --python {venv}/bin/python --require-hashes --no-deps --compile-bytecode -r lock/dev-no-torch.txt"]
-    assert calls[2] == f"-m pip install --no-deps --no-index torch=={torch_pin()}+cpu"
+    assert sorted(calls[2:4]) == [  # (the two ends of one pipe: either may log first)
+        f"-m pip install --dry-run --quiet --no-deps --no-index --ignore-installed --report - torch=={torch_pin()}+cpu",
+        "scripts/local_wheel_folder.py"]
     fallback = [c for c in calls if "--index-url" in c]
     if local_wheel:
+        assert calls[4] == (f"uv pip install --python {venv}/bin/python --no-deps --no-index --compile-bytecode "
+                            f"--find-links  torch=={torch_pin()}+cpu")  # (the fake found the folder "")
         assert not fallback
     else:
-        assert fallback == [f"-m pip install --no-deps --index-url https://download.pytorch.org/whl/cpu torch=={torch_pin()}+cpu"]
-    assert not any("--quiet" in c or " -q " in f" {c} " for c in calls), "pip's progress is shown"
+        assert calls[4:6] == [f"-m pip install --no-deps --no-index torch=={torch_pin()}+cpu",
+                              f"-m pip install --no-deps --index-url https://download.pytorch.org/whl/cpu torch=={torch_pin()}+cpu"]
+    installs = [c for c in calls if "install" in c and "--dry-run" not in c]
+    assert not any("--quiet" in c or " -q " in f" {c} " for c in installs), "the installs' progress is shown"
     assert calls[-1] == "-m pip check"
     assert sorted(p.name for p in venv.glob(".installed-*")) == [".installed-cpu"]
     # Installed: a second `make install` has nothing to do.
@@ -252,3 +261,16 @@ def test_torch_wheel_dir_without_the_wheel_or_with_docker_is_refused_before_buil
     result = make_result("build", f"CONTAINER_ENGINE={docker}", f"TORCH_WHEEL_DIR={tmp_path / 'wheels'}")
     assert result.returncode == 2 and "TORCH_WHEEL_DIR needs podman" in result.stderr
     assert not (tmp_path / "bin" / "args").exists(), "the engine was not called"
+
+
+@pytest.mark.parametrize("report, folder", [
+    ({"install": [{"download_info": {"url": "file:///opt/my%20wheels/torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl"}}]},
+     "/opt/my wheels"),
+    ({"install": [{"download_info": {"url": "https://example.com/wheels/torch-2.13.0%2Bcpu.whl"}}]}, None),
+    ({"install": []}, None),
+    ("not json", None),
+])
+def test_the_local_wheels_folder_is_read_from_pips_report(report, folder):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts/local_wheel_folder.py")], capture_output=True, text=True,
+                            input=report if isinstance(report, str) else json.dumps(report))
+    assert (result.returncode, result.stdout.strip()) == ((0, folder) if folder else (1, ""))
