@@ -107,10 +107,12 @@ serve: install $(MODEL_DEPS) ## Serve MODEL_DIR (default build/model) on PORT (8
 # (tests/helpers/scheduling.py).
 PYTEST_WORKERS ?= 3
 PYTEST_ARGS ?=
-# The tests' processes (servers, workers, hook processes: hundreds) keep their compiled
-# modules in build/pycache, even where PYTHONDONTWRITEBYTECODE is set: each would
-# otherwise compile this checkout's modules again, and pytest rewrite every test module.
-TEST_ENV = PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
+# The tests' processes (servers, workers, hook processes: hundreds) write this checkout's
+# compiled modules beside them (__pycache__, ignored by git and the image), even where
+# PYTHONDONTWRITEBYTECODE is set: each would otherwise compile them again, and pytest
+# rewrite every test module. The venv's are compiled by make install, and read as they
+# are (a PYTHONPYCACHEPREFIX would compile them all again, once in each process at first).
+TEST_ENV = PYTHONDONTWRITEBYTECODE=
 define run_tests
 	$(TEST_ENV) $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope $(1) $(PYTEST_ARGS)
 endef
