@@ -74,7 +74,7 @@ def read_chunks(response) -> list[tuple[float, bytes]]:
 @pytest.mark.serial
 def test_each_yielded_item_leaves_as_its_own_chunk_as_soon_as_it_exists(streaming_server):
     started = time.monotonic()
-    with requests.post(streaming_server.url + "/invocations", json={"n": 4, "pause": 0.5},
+    with requests.post(streaming_server.url + "/invocations", json={"n": 4, "pause": 0.3},
                        headers={"Accept": "application/jsonlines"}, stream=True, timeout=30) as r:
         assert r.status_code == 200
         assert r.headers["Content-Type"] == "application/jsonlines"
@@ -83,7 +83,7 @@ def test_each_yielded_item_leaves_as_its_own_chunk_as_soon_as_it_exists(streamin
     ended = time.monotonic()
     assert [json.loads(c) for _, c in chunks] == [{"token": i, "text": f"w{i}"} for i in range(4)]
     assert all(c.endswith(b"\n") and c.count(b"\n") == 1 for _, c in chunks), chunks
-    # The first record leaves long before the stream ends (4 records, 0.5 s apart).
+    # The first record leaves long before the stream ends (4 records, 0.3 s apart).
     first_at = chunks[0][0] - started
     assert first_at < (ended - started) / 2, (first_at, ended - started)
 
