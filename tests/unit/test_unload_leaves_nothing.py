@@ -74,9 +74,9 @@ def test_torchs_caches_of_a_load_go_with_the_model(example_model_dir):
     for _ in range(3):
         cycle()
     before = len(gc.get_objects())
-    for _ in range(15):
+    for _ in range(8):  # what stays is the same each load (15 here): 8 average it
         cycle()
-    grown = (len(gc.get_objects()) - before) / 15
+    grown = (len(gc.get_objects()) - before) / 8
     # ~85 objects a load stayed before (a ShapeEnv, fake tensor cache entries, fx's
     # source entries); what is left is a few weakrefs and builtins torch keeps.
     assert grown < 30, f"{grown:.0f} objects a load stayed"
