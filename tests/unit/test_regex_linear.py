@@ -8,7 +8,8 @@ character that pattern backtracks over, and no terminator), and compares the tim
 16n with the time at n: about 16 when linear, about 256 when quadratic. The bound
 sits between (BOUND); times are the best of several runs of this thread's CPU time (a
 busy machine stretches a long sample's wall time more than a short one's), and are
-never compared to a clock.
+never compared to a clock. So it runs beside other tests: three CPU- or memory-bound
+processes on two cores do not move a ratio past the bound.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from smserve.http import connection as head, exchange
 from smserve.http.connection import PlainHeadParser, SettledConfig
 from smserve.routes import endpoints, models as model_routes
 from smserve.settings import Settings
-
-pytestmark = pytest.mark.serial  # it times code: alone, not beside other tests
 
 # t(16n) / t(n): 16 when linear, 256 when quadratic; a quarter of quadratic's.
 BOUND = 64
