@@ -155,10 +155,11 @@ def test_stalled_body_gets_408_and_the_connection_is_freed(make_server, tmp_path
 
 @pytest.mark.serial
 @pytest.mark.slow
-def test_a_thousand_slow_clients_do_not_starve_ping(make_server, example_model_dir):
+def test_a_thousand_slow_clients_do_not_starve_ping(make_server, tmp_path):
     # A small cap makes the eviction path run: at the cap, the longest-waiting stalled
     # connection makes room, so /ping always gets in.
-    server = make_server(example_model_dir, {"SMSERVE_MAX_CONNECTIONS": "200", "SMSERVE_BODY_TIMEOUT": "50"})
+    server = make_server(model_dir_with(tmp_path, ECHO_HOOKS, "echo"),
+                         {"SMSERVE_MAX_CONNECTIONS": "200", "SMSERVE_BODY_TIMEOUT": "50"})
     slow = []
     for _ in range(1000):
         try:
@@ -175,8 +176,8 @@ def test_a_thousand_slow_clients_do_not_starve_ping(make_server, example_model_d
             assert requests.get(server.url + "/ping", timeout=2).status_code == 200
             latencies.append(time.monotonic() - started)
         assert max(latencies) < 2
-        resp = requests.post(server.url + "/invocations", json={"instances": _pixels(0)}, timeout=5)
-        assert resp.status_code == 200
+        resp = requests.post(server.url + "/invocations", json={"x": [1.5]}, timeout=5)
+        assert resp.status_code == 200 and resp.json() == [3.0], resp.text
     finally:
         for sock in slow:
             sock.close()

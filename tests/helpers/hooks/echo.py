@@ -1,7 +1,8 @@
-"""A JSON model: {"x": [...], "sleep": s, "until": path, "fail": bool} is answered x * TIMES
-after sleeping s seconds in predict_fn (or, with "until", once that file exists: a test
-holds a request for as long as it needs), or raises "asked to fail". model_fn takes LOAD_S
-seconds (/ping answers 503 meanwhile)."""
+"""A JSON model: {"x": [...], "sleep": s, "spin": s, "until": path, "fail": bool} is answered
+x * TIMES after sleeping s seconds in predict_fn (or, with "until", once that file exists: a
+test holds a request for as long as it needs; with "spin", after s seconds of pure-Python
+CPU, the GIL held throughout), or raises "asked to fail". model_fn takes LOAD_S seconds
+(/ping answers 503 meanwhile)."""
 
 import json
 import os
@@ -29,6 +30,9 @@ def held(data):
         while not os.path.exists(gate) and time.monotonic() < deadline:
             time.sleep(0.01)
     time.sleep(float(data.get("sleep", 0)))
+    deadline = time.process_time() + float(data.get("spin", 0))
+    while time.process_time() < deadline:
+        pass
 
 
 def predict_fn(data, model):
