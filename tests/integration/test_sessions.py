@@ -363,11 +363,13 @@ def test_expiry_closes_through_the_hook_and_a_request_racing_it_is_never_served_
         results = {sid: [] for sid in sids}
 
         def hammer(sid):
-            n = 1
-            deadline = time.monotonic() + 4
-            while time.monotonic() < deadline:
+            # Until the session has expired and five more requests were refused (or 6 s).
+            n, refused = 1, 0
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline and refused < 6:
                 answer = invoke(server.url, sid, n)
                 results[sid].append((answer.status_code, answer.json()))
+                refused += answer.status_code != 200
                 n += 1
 
         with ThreadPoolExecutor(4) as pool:
