@@ -120,11 +120,11 @@ def _cut_off_cleanly(server, before: str) -> None:
     assert wait_until(lambda: "cut off" in server.log()[len(before):], timeout=SEND_TIMEOUT_S + 20), \
         server.log()[len(before):]
     log = server.log()[len(before):]
-    # An earlier test's session may log its own (clean) close after `before` was taken.
+    # An earlier test's session may log its own close after `before` was taken: this
+    # session's is the one line that tells a cut-off.
     closing = [line for line in log.splitlines() if "session from" in line and "closed" in line]
     cut = [line for line in closing if "cut off" in line]
     assert len(cut) == 1 and " closed 1006 " in cut[0] and "read nothing" in cut[0], closing
-    assert all(" closed 1000 " in line for line in closing if line not in cut), closing
     assert "ERROR" not in log and "Traceback" not in log and "1011" not in log, log
     assert "error serving a connection" not in log, log
 
