@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import requests
 
@@ -43,8 +44,7 @@ class HTTPProcess:
         stopped before the error propagates: a caller never owns a half-started one."""
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = self._spawn(log)
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()  # the child holds its own copy
@@ -55,6 +55,10 @@ class HTTPProcess:
                 self.terminate(timeout=10)
                 raise
         return self
+
+    def _spawn(self, log) -> subprocess.Popen:
+        return subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
     def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -103,6 +107,10 @@ class HTTPProcess:
 class ServerProcess(HTTPProcess):
     """`container/serve serve` as a subprocess: the real gunicorn, on a free port."""
 
+    # The test suite's fork server (tests/helpers/fork_server.py), where set: it starts
+    # a server without importing torch again, or declines (None) and Popen starts it.
+    forker: Callable[..., Any] | None = None
+
     def __init__(self, model_dir: Path | str, env: dict[str, str] | None = None, log_path: Path | None = None,
                  serve: Path | None = None):
         """serve: another checkout's container/serve (a benchmark's earlier version)."""
@@ -116,6 +124,10 @@ class ServerProcess(HTTPProcess):
             "SMSERVE_TORCH_THREADS": "1",
             **(env or {}),
         }, f"http://127.0.0.1:{self.port}", "/ping", log_path)
+
+    def _spawn(self, log):
+        forked = self.forker(self.cmd, self.env, self.cwd, log) if self.forker and self.serve == SERVE else None
+        return forked or super()._spawn(log)
 
 
 def copy_model(src: Path, dst: Path, inference_py: str | None = None) -> Path:

@@ -19,6 +19,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tests.helpers.server import EXAMPLE_MODEL, ROOT, ServerProcess, copy_model
 from tests.helpers.models import ECHO_HOOKS, IMAGE_TEST_SIZE, model_dir_with
+from tests.helpers import fork_server
+
+# Test servers fork from a process that imported torch once (tests/helpers/fork_server.py
+# says when one starts as a new interpreter instead); TEST_FORK_SERVER=0: each does.
+if os.environ.get(fork_server.DISABLE) != "0":
+    ServerProcess.forker = fork_server.ForkServer(os.environ).start
 
 
 @pytest.hookimpl(optionalhook=True)  # (pytest -p no:xdist has no such hook)
@@ -104,6 +110,17 @@ def digits():
 
     _, x_test, _, y_test = load_split()
     return x_test, y_test
+
+
+@pytest.fixture(params=["forked", "new interpreter"])
+def started_how(request, monkeypatch) -> str:
+    """The test runs twice: its servers forked by the fork server, then each started as a
+    new interpreter (as benchmarks and compat-check start theirs)."""
+    if request.param == "new interpreter":
+        monkeypatch.setattr(ServerProcess, "forker", None)
+    elif ServerProcess.forker is None:
+        pytest.skip(f"{fork_server.DISABLE}=0: no fork server")
+    return request.param
 
 
 @pytest.fixture

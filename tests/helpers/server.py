@@ -1,6 +1,7 @@
 """The test server and what tests ask of it: ServerProcess and HTTPProcess (their home is
-local_test/server_process.py, which compat_check and batch_example run too), starting several
-side by side, their worker processes, their /metrics, and waiting for a state by polling."""
+local_test/server_process.py, which compat_check and batch_example run too; in the tests a
+server forks from fork_server.py's process), starting several side by side, their worker
+processes, their /metrics, and waiting for a state by polling."""
 
 from __future__ import annotations
 

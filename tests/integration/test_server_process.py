@@ -18,6 +18,11 @@ from local_test.server_process import ServerProcess
 HANGING_MODEL = "import time\n\ndef model_fn(model_dir):\n    time.sleep(3600)\n"
 
 
+@pytest.fixture(autouse=True)
+def _both_ways(started_how):
+    """Each promise holds of a forked server (the suite's) and of a new interpreter."""
+
+
 @pytest.fixture
 def hanging_model(tmp_path):
     (tmp_path / "model" / "code").mkdir(parents=True)
