@@ -11,9 +11,10 @@ The differences from a new interpreter: torch is imported before the worker's ge
 patching (the master imports gevent and numpy before its fork in any case), and what a
 library reads from the environment when it is imported was read from the environment
 the fork server started with. So only a server whose environment differs from that one
-in the server's own settings (SM_*, SAGEMAKER_*, SMSERVE_*) is forked; any other starts
-as a new interpreter, as does every server where TEST_FORK_SERVER=0, and
-`serve`'s exec itself is tested in the image's tests (tests/container).
+in the server's own settings (SM_*, SAGEMAKER_*, SMSERVE_*) and the tests' (TEST_*) is
+forked; any other starts as a new interpreter, as does every server where
+TEST_FORK_SERVER=0, and `serve`'s exec itself is tested in the image's tests
+(tests/container).
 
 Protocol, on a Unix socket: the client sends one JSON line (argv, env, cwd) with three
 file descriptors (stdin, stdout, stderr) attached; the server answers the child's pid,
@@ -41,8 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SERVE = ROOT / "container" / "serve"
 # The environment keys a forked server's may differ in from the fork server's: the
-# server's settings, which it reads after the fork (settings.py).
-OWN_PREFIXES = ("SM_", "SAGEMAKER_", "SMSERVE_")
+# server's settings, which it reads after the fork (settings.py), and the tests' own
+# (TEST_*), which their hook scripts read when a worker loads them.
+OWN_PREFIXES = ("SM_", "SAGEMAKER_", "SMSERVE_", "TEST_")
 # And these, which nothing the fork server imported reads at import: pytest's name of the
 # running test; torch's compile cache folder, read when it compiles (importing
 # torch.export's loader sets it to its default); Intel OpenMP's, which scikit-learn sets

@@ -48,7 +48,7 @@ def slow_predict(seconds: float) -> str:
 
 
 # hooks/streaming.py: {"n": k, "pause": s, "fail_at": i, "id": name} yields k records s
-# seconds apart; with STREAM_MARKS set, it marks its generator's close in that folder.
+# seconds apart; with TEST_STREAM_MARKS set, it marks its generator's close in that folder.
 STREAMING_HOOKS = hook_script("streaming")
 
 

@@ -60,7 +60,7 @@ def test_only_servers_whose_environment_differs_in_their_own_settings_are_forked
     argv = [sys.executable, str(SERVE), "serve"]
     assert forks.eligible(argv, base)
     assert forks.eligible(argv, {**base, "SM_MODEL_DIR": "/b", "SMSERVE_MAX_BATCH_SIZE": "8",
-                                 "SAGEMAKER_BIND_TO_PORT": "1", "PYTEST_CURRENT_TEST": "t"})
+                                 "SAGEMAKER_BIND_TO_PORT": "1", "PYTEST_CURRENT_TEST": "t", "TEST_MARKS": "/m"})
     assert not forks.eligible(argv, {**base, "OMP_WAIT_POLICY": "ACTIVE"})  # read as libgomp loads
     assert not forks.eligible(argv, {**base, "OMP_NUM_THREADS": "4"})
     assert not forks.eligible(argv, {k: v for k, v in base.items() if k != "OMP_WAIT_POLICY"})

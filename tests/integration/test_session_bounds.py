@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-ENDED = os.environ["SESSION_ENDED_LOG"]
+ENDED = os.environ["TEST_SESSION_ENDED_LOG"]
 
 
 def model_fn(model_dir):
@@ -41,7 +41,7 @@ def model_fn(model_dir):
 
 
 def open_session(context):
-    time.sleep(float(os.environ.get("OPEN_SESSION_S", 0)))
+    time.sleep(float(os.environ.get("TEST_OPEN_SESSION_S", 0)))
     return {"blob": b"", "requests": 0}
 
 
@@ -75,7 +75,7 @@ def servers(tmp_path_factory):
         key = tuple(sorted(settings.items()))
         if key not in made:
             logs = tmp_path_factory.mktemp("bounds-server")
-            env = {"SESSION_ENDED_LOG": str(logs / "ended.jsonl"), "SMSERVE_MAX_SESSIONS": "2",
+            env = {"TEST_SESSION_ENDED_LOG": str(logs / "ended.jsonl"), "SMSERVE_MAX_SESSIONS": "2",
                    "SMSERVE_SESSION_IDLE_S": "1", "SMSERVE_SESSION_STATE_MB": "1", **settings}
             made[key] = ServerProcess(folder, env, log_path=logs / "server.log").start()
             made[key].ended = logs / "ended.jsonl"
@@ -171,7 +171,7 @@ def test_a_state_of_many_small_messages_is_held_to_the_memory_bound(server):
     assert wait_until(lambda: ends(server)) == {chat: "memory"}
 
 
-@pytest.mark.parametrize("server", [{"OPEN_SESSION_S": "0.2", "SMSERVE_SESSION_IDLE_S": "600"}], indirect=True)
+@pytest.mark.parametrize("server", [{"TEST_OPEN_SESSION_S": "0.2", "SMSERVE_SESSION_IDLE_S": "600"}], indirect=True)
 def test_new_sessions_asked_for_at_once_open_no_more_than_the_cap(server):
     with ThreadPoolExecutor(12) as pool:
         answers = list(pool.map(lambda _: invoke(server, "NEW_SESSION"), range(12)))

@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-ENDED = os.environ["SESSION_ENDED_LOG"]
+ENDED = os.environ["TEST_SESSION_ENDED_LOG"]
 
 
 def model_fn(model_dir):
@@ -105,7 +105,7 @@ def ended_log(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, ended_log):
     root = tmp_path_factory.mktemp("sessions-model")
-    env = {**TWO, "SESSION_ENDED_LOG": str(ended_log), "SMSERVE_MAX_BATCH_DELAY_MS": "2"}
+    env = {**TWO, "TEST_SESSION_ENDED_LOG": str(ended_log), "SMSERVE_MAX_BATCH_DELAY_MS": "2"}
     with ServerProcess(counter_model(root), env, log_path=root / "server.log") as s:
         yield s
 
@@ -350,7 +350,7 @@ def test_metrics_and_the_access_line_tell_the_sessions(server):
 
 def test_expiry_closes_through_the_hook_and_a_request_racing_it_is_never_served_without_its_state(tmp_path):
     ended_at = tmp_path / "ended.jsonl"
-    env = {**TWO, "SESSION_ENDED_LOG": str(ended_at), "SMSERVE_SESSION_TTL_S": "2"}
+    env = {**TWO, "TEST_SESSION_ENDED_LOG": str(ended_at), "SMSERVE_SESSION_TTL_S": "2"}
     with ServerProcess(counter_model(tmp_path), env, log_path=tmp_path / "server.log") as server:
         sids = [open_session(server.url, f"t{i}") for i in range(4)]
         results = {sid: [] for sid in sids}
@@ -381,7 +381,7 @@ def test_expiry_closes_through_the_hook_and_a_request_racing_it_is_never_served_
 
 
 def test_a_worker_holds_at_most_max_sessions(tmp_path):
-    env = {"SESSION_ENDED_LOG": str(tmp_path / "ended.jsonl"), "SMSERVE_MAX_SESSIONS": "3"}
+    env = {"TEST_SESSION_ENDED_LOG": str(tmp_path / "ended.jsonl"), "SMSERVE_MAX_SESSIONS": "3"}
     with ServerProcess(counter_model(tmp_path), env, log_path=tmp_path / "server.log") as server:
         sids = [open_session(server.url, f"t{i}") for i in range(3)]
         full = invoke(server.url, "NEW_SESSION", 1)
@@ -393,7 +393,7 @@ def test_a_worker_holds_at_most_max_sessions(tmp_path):
 
 def test_sigterm_closes_every_session_after_the_requests_in_flight(tmp_path):
     ended_at = tmp_path / "ended.jsonl"
-    env = {**TWO, "SESSION_ENDED_LOG": str(ended_at)}
+    env = {**TWO, "TEST_SESSION_ENDED_LOG": str(ended_at)}
     server = ServerProcess(counter_model(tmp_path), env, log_path=tmp_path / "server.log").start()
     try:
         sids = [open_session(server.url, f"t{i}") for i in range(4)]
@@ -467,7 +467,7 @@ def test_a_session_belongs_to_its_model_and_closes_with_its_unload(tmp_path):
     root.mkdir()
     a, b = counter_model(root, "a"), counter_model(root, "b")
     env = {**TWO, "SAGEMAKER_MULTI_MODEL": "true", "SMSERVE_MODELS_ROOT": str(root),
-           "SESSION_ENDED_LOG": str(ended_at)}
+           "TEST_SESSION_ENDED_LOG": str(ended_at)}
     with ServerProcess(tmp_path / "none", env, log_path=tmp_path / "server.log") as server:
         for name, folder in (("a", a), ("b", b)):
             assert requests.post(server.url + "/models", json={"model_name": name, "url": str(folder)},

@@ -44,7 +44,7 @@ def streaming_server(tmp_path_factory):
     work = tmp_path_factory.mktemp("streaming")
     marks = work / "marks"
     marks.mkdir()
-    with ServerProcess(model_dir_with(work, STREAMING_HOOKS, "streaming"), {"STREAM_MARKS": str(marks)},
+    with ServerProcess(model_dir_with(work, STREAMING_HOOKS, "streaming"), {"TEST_STREAM_MARKS": str(marks)},
                        log_path=work / "server.log") as server:
         server.marks = marks
         yield server

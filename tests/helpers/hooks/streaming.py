@@ -1,12 +1,12 @@
 """{"n": k, "pause": s, "fail_at": i, "id": name}: yields k records s seconds apart (a response
-stream). With STREAM_MARKS set, it writes STREAM_MARKS/closed-<id> when its generator is
+stream). With TEST_STREAM_MARKS set, it writes TEST_STREAM_MARKS/closed-<id> when its generator is
 closed, finished or not, so a test sees what happened to it."""
 
 import json
 import os
 import time
 
-MARKS = os.environ.get("STREAM_MARKS")
+MARKS = os.environ.get("TEST_STREAM_MARKS")
 
 
 def model_fn(model_dir):
