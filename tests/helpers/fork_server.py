@@ -7,14 +7,22 @@ again, and the suite starts about 180 of them on two cores.
 What runs in the fork is `container/serve serve` itself: its checks, then gunicorn,
 in-process where `serve` would exec it (the same argv, sys.path as the new interpreter's),
 ending as an interpreter ends.
-The differences from a new interpreter: torch is imported before the worker's gevent
-patching (the master imports gevent and numpy before its fork in any case), and what a
-library reads from the environment when it is imported was read from the environment
-the fork server started with. So only a server whose environment differs from that one
-in the server's own settings (SM_*, SAGEMAKER_*, SMSERVE_*) and the tests' (TEST_*) is
-forked; any other starts as a new interpreter, as does every server where
-TEST_FORK_SERVER=0, and `serve`'s exec itself is tested in the image's tests
-(tests/container).
+
+What differs from a new interpreter:
+- torch is imported before the worker's gevent patching, not after: the locks and
+  thread-locals torch makes when imported (dynamo's compile lock, its device context)
+  are the threading module's own here and gevent's in production. So a server that
+  compiles (SMSERVE_COMPILE) starts as a new interpreter, and the whole suite passes
+  with TEST_FORK_SERVER=0 too (every server a new interpreter), which is the run that
+  matches production. The master and its workers also hold a thousand modules of
+  torch that production's master does not (and its worker imports itself).
+- what a library reads from the environment when imported was read from the fork
+  server's. So only a server whose environment differs from that one in the server's
+  own settings (SM_*, SAGEMAKER_*, SMSERVE_*), in the tests' (TEST_*) and in NEUTRAL is
+  forked; any other starts as a new interpreter.
+- the hash seed is the fork server's (numpy's random state is seeded again, and
+  Python's random module seeds itself after a fork).
+`serve`'s exec itself is run by the image's tests (tests/container).
 
 Protocol, on a Unix socket: the client sends one JSON line (argv, env, cwd) with three
 file descriptors (stdin, stdout, stderr) attached; the server answers the child's pid,
@@ -30,6 +38,7 @@ import json
 import os
 import runpy
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -68,8 +77,15 @@ def preload() -> None:
     import torch.export.pt2_archive._package  # noqa: F401
 
 
+fork_server_pid = os.getpid()
+
+
 def main(path: str) -> None:
+    before = dict(os.environ)
     preload()
+    # What the imports set in the environment (torch's compile cache folder), which a new
+    # interpreter's worker has too, and hands to the processes it starts.
+    set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
     # sys.path as a new interpreter starts with it, less its first entry and PYTHONPATH's.
     own = set(filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)))
     default_path = [p for p in sys.path[1:] if p not in own]
@@ -82,21 +98,35 @@ def main(path: str) -> None:
     listener.bind(path)
     listener.listen(64)
     children: dict[int, socket.socket] = {}
-    with selectors.DefaultSelector() as selector:
-        selector.register(listener, selectors.EVENT_READ, "accept")
-        selector.register(wake_r, selectors.EVENT_READ, "reap")
-        selector.register(sys.stdin, selectors.EVENT_READ, "parent")  # EOF: the pytest process is gone
-        print("ready", flush=True)
-        while True:
-            for key, _ in selector.select():
-                if key.data == "accept":
-                    conn, _ = listener.accept()
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(listener, selectors.EVENT_READ, "accept")
+            selector.register(wake_r, selectors.EVENT_READ, "reap")
+            selector.register(sys.stdin, selectors.EVENT_READ, "parent")  # EOF: the pytest process is gone
+            print("ready", flush=True)
+            while True:
+                for key, _ in selector.select():
+                    if key.data == "parent":
+                        return
+                    if key.data == "reap":
+                        try:
+                            while os.read(wake_r, 512):
+                                pass
+                        except BlockingIOError:
+                            pass
+                        _reap(children)
+                        continue
+                    try:
+                        conn, _ = listener.accept()
+                    except OSError:  # (out of descriptors) the client sees its connection refused
+                        continue
                     try:
                         request, fds = _receive(conn)
-                    except (OSError, ValueError):
+                        pid = os.fork()
+                    except (OSError, ValueError) as e:
+                        print(f"fork server: a request failed: {e!r}", file=sys.stderr, flush=True)
                         conn.close()
                         continue
-                    pid = os.fork()
                     if pid == 0:
                         # Nothing of the fork server's own survives into the server.
                         signal.set_wakeup_fd(-1)
@@ -106,38 +136,44 @@ def main(path: str) -> None:
                             sock.close()
                         os.close(wake_r)
                         os.close(wake_w)
-                        raise SystemExit(_child(request, fds, default_path))
+                        raise SystemExit(_child(request, fds, default_path, set_by_imports))
                     for fd in fds:
                         os.close(fd)
                     children[pid] = conn
-                    conn.sendall(f"{pid}\n".encode())
-                elif key.data == "reap":
                     try:
-                        while os.read(wake_r, 512):
-                            pass
-                    except BlockingIOError:
-                        pass
-                    _reap(children)
-                else:
-                    for pid in children:
+                        conn.sendall(f"{pid}\n".encode())
+                    except OSError:  # the client went away before it knew the pid: no one can stop it
                         _kill_group(pid)
-                    return
+    finally:
+        # However this ends, nothing it started outlives it (their clients read the end as a kill).
+        if os.getpid() == fork_server_pid:
+            for pid in children:
+                _kill_group(pid)
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    """The request and its descriptors; on any failure none of them is left open."""
     conn.settimeout(10)
     fds = array.array("i")
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_LEN(3 * fds.itemsize))
-        if not chunk:
-            raise ConnectionError("the client went away mid-request")
-        data += chunk
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    try:
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_LEN(3 * fds.itemsize))
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            if not chunk:
+                raise ConnectionError("the client went away mid-request")
+            data += chunk
+        request = json.loads(data)
+        if len(fds) != 3:
+            raise ValueError(f"{len(fds)} descriptors, not 3")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     conn.settimeout(None)
-    return json.loads(data), list(fds)
+    return request, list(fds)
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
@@ -158,13 +194,16 @@ def _reap(children: dict[int, socket.socket]) -> None:
 
 
 def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
+    """The child and its session: the child itself too, since it may not have begun its own
+    session yet."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
-def _child(request: dict, fds: list[int], default_path: list[str]) -> int:
+def _child(request: dict, fds: list[int], default_path: list[str], set_by_imports: dict[str, str]) -> int:
     """In the fork: becomes `serve serve` with the request's environment, as a new session
     (start_new_session), and returns its exit code."""
     os.setsid()
@@ -173,8 +212,11 @@ def _child(request: dict, fds: list[int], default_path: list[str]) -> int:
         os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
-    os.environ.update(request["env"])
+    os.environ.update({**set_by_imports, **request["env"]})
     tempfile.tempdir = None  # found again from this environment's TMPDIR
+    import numpy.random
+
+    numpy.random.seed()  # its own, as each new interpreter has (random reseeds itself at a fork)
     # The worker's gevent patching looks at every live object, torch's too when torch was
     # imported first, as here: torch.distributed's deprecated reduce_op warns when looked at.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"gevent\.monkey\.")
@@ -206,21 +248,29 @@ class ForkedProcess:
     def __init__(self, args: list[str], conn: socket.socket, pid: int):
         self.args, self.pid, self.returncode = args, pid, None
         self._conn, self._buffer = conn, b""
+        self._lock = threading.Lock()  # one reader of the status at a time (threads wait too)
 
     def _read_status(self, timeout: float | None) -> bool:
-        self._conn.settimeout(timeout)
-        try:
-            while not self._buffer.endswith(b"\n"):
-                chunk = self._conn.recv(64)
-                if not chunk:  # the fork server ended: its children went with it
-                    self._buffer = f"{signal.SIGKILL}\n".encode()
-                    break
-                self._buffer += chunk
-        except (TimeoutError, BlockingIOError):
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             return False
-        self.returncode = os.waitstatus_to_exitcode(int(self._buffer))
-        self._conn.close()
-        return True
+        try:
+            if self.returncode is not None:
+                return True
+            self._conn.settimeout(timeout)
+            try:
+                while not self._buffer.endswith(b"\n"):
+                    chunk = self._conn.recv(64)
+                    if not chunk:  # the fork server ended, and killed what it had forked
+                        self._buffer = f"{signal.SIGKILL}\n".encode()
+                        break
+                    self._buffer += chunk
+            except (TimeoutError, BlockingIOError):
+                return False
+            self.returncode = os.waitstatus_to_exitcode(int(self._buffer))
+            self._conn.close()
+            return True
+        finally:
+            self._lock.release()
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -249,26 +299,38 @@ class ForkServer:
     def __init__(self, env: dict[str, str]):
         self.env = dict(env)
         self._proc: subprocess.Popen | None = None
-        self._path = ""
+        self._folder = self._path = ""
+        self._died_told = False
         self._lock = threading.Lock()
 
     def eligible(self, argv: list[str], env: dict[str, str]) -> bool:
         if argv != [sys.executable, str(SERVE), "serve"]:
             return False
+        if env.get("SMSERVE_COMPILE", "off").lower() != "off":
+            return False  # compiling takes torch's own module-level locks: as they are in production
         differing = (env.keys() ^ self.env.keys()) | {k for k in env.keys() & self.env.keys() if env[k] != self.env[k]}
         return all(key.startswith(OWN_PREFIXES) or key in NEUTRAL for key in differing)
 
     def _started(self) -> str:
         with self._lock:
             if self._proc is None:
-                self._path = os.path.join(tempfile.mkdtemp(prefix="smserve-forks-"), "socket")
-                self._proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.fork_server", self._path],
-                                              cwd=ROOT, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                              start_new_session=True)
-                if self._proc.stdout.readline() != b"ready\n":
-                    raise RuntimeError(f"the fork server did not start (exit {self._proc.wait()})")
+                self._folder = tempfile.mkdtemp(prefix="smserve-forks-")
+                self._path = os.path.join(self._folder, "socket")
+                with open(os.path.join(self._folder, "fork-server.log"), "wb") as log:
+                    self._proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.fork_server", self._path],
+                                                  cwd=ROOT, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                  stderr=log, start_new_session=True)
                 atexit.register(self.close)
+                if self._proc.stdout.readline() != b"ready\n":
+                    raise RuntimeError(f"the fork server did not start (exit {self._proc.wait()}):\n{self._log()}")
             return self._path
+
+    def _log(self) -> str:
+        try:
+            with open(os.path.join(self._folder, "fork-server.log"), errors="replace") as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path | None, log) -> ForkedProcess | None:
         """The server, forked; None where it must start as a new interpreter (or the fork
@@ -277,6 +339,10 @@ class ForkServer:
             return None
         path = self._started()
         if self._proc.poll() is not None:
+            if not self._died_told:
+                self._died_told = True
+                warnings.warn(f"the fork server ended (exit {self._proc.returncode}); servers start as new "
+                              f"interpreters from here:\n{self._log()}", stacklevel=2)
             return None
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.settimeout(30)
@@ -303,6 +369,8 @@ class ForkServer:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.stdin.close()  # it kills what it forked and ends
             self._proc.wait(30)
+        if self._folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ def test_only_servers_whose_environment_differs_in_their_own_settings_are_forked
     assert not forks.eligible(argv, {**base, "OMP_NUM_THREADS": "4"})
     assert not forks.eligible(argv, {k: v for k, v in base.items() if k != "OMP_WAIT_POLICY"})
     assert not forks.eligible(argv, {**base, "PYTHONPATH": "/x"})
+    assert not forks.eligible(argv, {**base, "SMSERVE_COMPILE": "default"})  # torch's locks as in production
+    assert forks.eligible(argv, {**base, "SMSERVE_COMPILE": "off"})
     assert not forks.eligible([sys.executable, str(SERVE), "train"], base)
     assert not forks.eligible(["/other/python", str(SERVE), "serve"], base)
     assert forks.start(argv, {**base, fork_server.DISABLE: "0"}, None, None) is None
