@@ -77,10 +77,8 @@ def preload() -> None:
     import torch.export.pt2_archive._package  # noqa: F401
 
 
-fork_server_pid = os.getpid()
-
-
 def main(path: str) -> None:
+    me = os.getpid()
     before = dict(os.environ)
     preload()
     # What the imports set in the environment (torch's compile cache folder), which a new
@@ -122,9 +120,16 @@ def main(path: str) -> None:
                         continue
                     try:
                         request, fds = _receive(conn)
-                        pid = os.fork()
                     except (OSError, ValueError) as e:
                         print(f"fork server: a request failed: {e!r}", file=sys.stderr, flush=True)
+                        conn.close()
+                        continue
+                    try:
+                        pid = os.fork()
+                    except OSError as e:
+                        print(f"fork server: could not fork: {e!r}", file=sys.stderr, flush=True)
+                        for fd in fds:
+                            os.close(fd)
                         conn.close()
                         continue
                     if pid == 0:
@@ -146,7 +151,7 @@ def main(path: str) -> None:
                         _kill_group(pid)
     finally:
         # However this ends, nothing it started outlives it (their clients read the end as a kill).
-        if os.getpid() == fork_server_pid:
+        if os.getpid() == me:  # (in a child, its server's exit passes through here too)
             for pid in children:
                 _kill_group(pid)
 
