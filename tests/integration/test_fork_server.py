@@ -5,7 +5,11 @@ server read when it imported torch."""
 
 from __future__ import annotations
 
+import array
+import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -14,7 +18,7 @@ import requests
 
 from tests.helpers import fork_server
 from tests.helpers.models import ECHO_HOOKS, model_dir_with
-from tests.helpers.server import SERVE, ServerProcess, worker_pids
+from tests.helpers.server import SERVE, ServerProcess, descendants, wait_until, worker_pids
 
 
 def started_as(how: str, server: ServerProcess) -> None:
@@ -70,3 +74,31 @@ def test_only_servers_whose_environment_differs_in_their_own_settings_are_forked
     assert not forks.eligible([sys.executable, str(SERVE), "train"], base)
     assert not forks.eligible(["/other/python", str(SERVE), "serve"], base)
     assert forks.start(argv, {**base, fork_server.DISABLE: "0"}, None, None) is None
+
+
+def test_requests_that_fail_or_leave_cost_the_fork_server_nothing(tmp_path):
+    """A garbled request, one without its descriptors, one cut off, and clients that leave
+    before they learn their server's pid: the fork server answers the next as before,
+    and no server outlives a client that could not stop it."""
+    forks = fork_server.ForkServer(os.environ)
+    try:
+        path = forks._started()
+        env = {**os.environ, "SM_MODEL_DIR": str(model_dir_with(tmp_path, ECHO_HOOKS, "echo")),
+               "SAGEMAKER_BIND_TO_PORT": "0"}
+        request = json.dumps({"argv": [sys.executable, str(SERVE), "serve"], "env": env, "cwd": os.getcwd()})
+        for payload, fds in [(b"not json\n", 3), (request.encode() + b"\n", 0), (request[:20].encode(), 3),
+                             *[(request.encode() + b"\n", 3)] * 3]:
+            with socket.socket(socket.AF_UNIX) as client, open(os.devnull, "rb") as null:
+                client.connect(path)
+                client.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                            array.array("i", [null.fileno()] * fds))] if fds else [])
+        server = ServerProcess(env["SM_MODEL_DIR"], log_path=tmp_path / "server.log")
+        server.forker = forks.start
+        with server:
+            assert isinstance(server.proc, fork_server.ForkedProcess)
+            assert requests.post(server.url + "/invocations", json={"x": [3]}, timeout=10).json() == [6]
+        assert wait_until(lambda: not descendants(forks._proc.pid), timeout=10), "a server nobody can stop"
+        assert forks._proc.poll() is None
+    finally:
+        forks.close()
+    assert not os.path.exists(forks._folder)
