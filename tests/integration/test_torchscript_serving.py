@@ -19,7 +19,7 @@ import torch
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 
 from tests.helpers.client import npy
-from tests.helpers.server import ServerProcess
+from tests.helpers.server import ServerProcess, logged
 from model import init
 
 SAGEMAKER_CT = "application/vnd.sagemaker-triton.binary+json;json-header-size="
@@ -131,6 +131,8 @@ def test_a_record_of_the_wrong_width_gets_the_models_own_error(served):
 
 def test_the_log_says_what_was_derived_and_how_to_change_it(served, request):
     server, _, _ = served
+    # The worker writes its lines from a thread of its own: /ping may say ready first.
+    assert logged(server, "worker 0 ready"), server.log()
     log = server.log()
     if request.node.callspec.params["served"] == "script+new-model":
         assert "derived from model.pt" not in log  # metadata.json is there
