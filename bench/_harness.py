@@ -176,6 +176,13 @@ def worker_pids(master_pid: int) -> list[int]:
     return sorted(pids)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (every thread) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status") as f:

@@ -26,6 +26,7 @@ from pathlib import Path
 import requests
 
 from _harness import EXAMPLE_MODEL, ServerProcess, csv_body, digits, npy_body, pct, run_hey, worker_pids, Pinger
+from _harness import cpu_seconds as process_cpu_seconds
 
 print = functools.partial(print, flush=True)  # a long run shows its rows as they come
 
@@ -38,12 +39,7 @@ def pin(server: ServerProcess, core: int) -> None:
 
 def cpu_seconds(server: ServerProcess) -> float:
     """user + system CPU of the server's workers (every thread) so far."""
-    total = 0.0
-    for pid in worker_pids(server.proc.pid):
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(process_cpu_seconds(pid) for pid in worker_pids(server.proc.pid))
 
 
 def recording_us(n: int = 100_000) -> float:

@@ -13,28 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import requests
 
-from _harness import EXAMPLE_MODEL, ServerProcess, worker_pids
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from tests.helpers.fork_server import ForkServer  # noqa: E402
-from tests.helpers.models import ECHO_HOOKS, model_dir_with  # noqa: E402
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """user + system CPU of one process (every thread) so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+from _harness import EXAMPLE_MODEL, ServerProcess, cpu_seconds, worker_pids
+from tests.helpers.fork_server import ForkServer  # (_harness put the checkout on sys.path)
+from tests.helpers.models import ECHO_HOOKS, model_dir_with
 
 
 def one_start(model: Path, forks: ForkServer | None, log: Path) -> tuple[float, float, float]:
@@ -56,7 +43,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="bench-start-"))
     models = {"hooks": model_dir_with(scratch, ECHO_HOOKS, "echo"), "model.pt2": EXAMPLE_MODEL}
     forks = ForkServer(os.environ)
-    forks._started()  # its own start (once a pytest process) is not a server's
+    forks.started()  # its own start (once a pytest process) is not a server's
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for round_ in range(args.rounds):
         for model_name, model in models.items():

@@ -48,6 +48,8 @@ import threading
 import warnings
 from pathlib import Path
 
+# (as local_test.server_process has them: importing it here would load it, and requests,
+# into every forked server)
 ROOT = Path(__file__).resolve().parents[2]
 SERVE = ROOT / "container" / "serve"
 # The environment keys a forked server's may differ in from the fork server's: the
@@ -316,7 +318,8 @@ class ForkServer:
         differing = (env.keys() ^ self.env.keys()) | {k for k in env.keys() & self.env.keys() if env[k] != self.env[k]}
         return all(key.startswith(OWN_PREFIXES) or key in NEUTRAL for key in differing)
 
-    def _started(self) -> str:
+    def started(self) -> str:
+        """The fork server's socket, the fork server started first if it is not yet."""
         with self._lock:
             if self._proc is None:
                 self._folder = tempfile.mkdtemp(prefix="smserve-forks-")
@@ -342,7 +345,7 @@ class ForkServer:
         server has ended)."""
         if env.get(DISABLE) == "0" or not self.eligible(argv, env):
             return None
-        path = self._started()
+        path = self.started()
         if self._proc.poll() is not None:
             if not self._died_told:
                 self._died_told = True

@@ -82,7 +82,7 @@ def test_requests_that_fail_or_leave_cost_the_fork_server_nothing(tmp_path):
     and no server outlives a client that could not stop it."""
     forks = fork_server.ForkServer(os.environ)
     try:
-        path = forks._started()
+        path = forks.started()
         env = {**os.environ, "SM_MODEL_DIR": str(model_dir_with(tmp_path, ECHO_HOOKS, "echo")),
                "SAGEMAKER_BIND_TO_PORT": "0"}
         request = json.dumps({"argv": [sys.executable, str(SERVE), "serve"], "env": env, "cwd": os.getcwd()})
